@@ -1,0 +1,14 @@
+// bulkhead: the core, in one include.
+//
+// Everything but the libpqxx pool: the FIFO semaphore, the admission counter,
+// the error family and db_bulkhead<Pool>. Needs nothing but a C++20 compiler
+// and the standard library. For the libpqxx-backed pool include
+// <bulkhead/pqxx_pool.hpp> as well.
+#pragma once
+
+#include <bulkhead/admission_counter.hpp>
+#include <bulkhead/db_bulkhead.hpp>
+#include <bulkhead/error.hpp>
+#include <bulkhead/fifo_semaphore.hpp>
+#include <bulkhead/result.hpp>
+#include <bulkhead/version.hpp>

@@ -1,0 +1,615 @@
+// bulkhead: the gate in front of a connection pool.
+//
+// db_bulkhead<Pool> admits database work in two stages and then owns one
+// transaction on one pooled connection:
+//
+//   1. admission: one of B + Q slots, tried without blocking; none left means
+//      admission_full at once, whatever the queue wait;
+//   2. execution: one of B permits, waited for in FIFO order for at most the
+//      queue wait (and never past the call's deadline), cancellable with a
+//      std::stop_token;
+//   3. work: a connection from the pool, BEGIN, the caller's callback, COMMIT;
+//      ROLLBACK on any failure; the connection goes back to the pool;
+//   4. release: the execution permit, then the admission slot, on the thread
+//      that ran the work, only after all of step 3 has unwound.
+//
+// Nothing releases permits on a caller's behalf: a caller that stops waiting
+// for a result does not shorten the work in progress, so never more than B
+// callbacks run at once. Every rejection happens before the pool is touched
+// and derives from bulkhead::rejected. docs/design.md draws the whole path,
+// with every exception edge.
+//
+// Thread safety: one gate is shared by every caller of an application
+// instance; all members may be called concurrently. The gate must outlive
+// every permit taken from it and every call in progress.
+#pragma once
+
+#include <bulkhead/admission_counter.hpp>
+#include <bulkhead/detail/held_gates.hpp>
+#include <bulkhead/error.hpp>
+#include <bulkhead/fifo_semaphore.hpp>
+#include <bulkhead/result.hpp>
+
+#include <cassert>
+#include <chrono>
+#include <concepts>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <stop_token>
+#include <type_traits>
+#include <utility>
+
+namespace bulkhead {
+
+// ---------------------------------------------------------------------------
+// The Pool concept
+// ---------------------------------------------------------------------------
+
+/// A pool names its handle types: a move-only `lease` (an RAII connection
+/// handle that returns the connection to the pool when destroyed), a
+/// `transaction` handle that dereferences to what the callback receives, and
+/// `transaction_options` (per-call settings such as isolation level; must be
+/// default-constructible).
+template <class Pool>
+concept pool_names_its_types = requires {
+    typename Pool::lease;
+    typename Pool::transaction;
+    typename Pool::transaction_options;
+} && std::move_constructible<typename Pool::lease> && !std::copy_constructible<typename Pool::lease> &&
+    std::default_initializable<typename Pool::transaction_options>;
+
+/// `pool.acquire(deadline)` returns a lease, waiting at most the pool's own
+/// connection timeout and never past `deadline` (a steady_clock time point;
+/// time_point::max() means "no deadline"). On expiry it throws
+/// bulkhead::pool_timeout.
+template <class Pool>
+concept pool_acquires_leases = requires(Pool& pool, std::chrono::steady_clock::time_point deadline) {
+    { pool.acquire(deadline) } -> std::same_as<typename Pool::lease>;
+};
+
+/// `pool.begin(lease, options)` starts a transaction on the leased connection;
+/// `*tx` is what the callback receives; `pool.commit(lease, tx)` and
+/// `pool.rollback(lease, tx)` end it. rollback() must be safe after a commit()
+/// that threw. The transaction object must refuse commit and rollback
+/// requested by the callback itself.
+template <class Pool>
+concept pool_runs_transactions = requires(Pool& pool, typename Pool::lease& lease, typename Pool::transaction& tx,
+                                          const typename Pool::transaction_options& options) {
+    { pool.begin(lease, options) } -> std::same_as<typename Pool::transaction>;
+    *tx;
+    pool.commit(lease, tx);
+    pool.rollback(lease, tx);
+};
+
+/// `pool.discard(lease)` marks the leased connection untrustworthy: it is
+/// closed instead of being handed out again. It cannot fail.
+template <class Pool>
+concept pool_discards_connections = requires(Pool& pool, typename Pool::lease& lease) {
+    { pool.discard(lease) } noexcept;
+};
+
+/// What db_bulkhead needs from a connection pool: see the four concepts above.
+template <class Pool>
+concept transactional_pool = pool_names_its_types<Pool> && pool_acquires_leases<Pool> &&
+                             pool_runs_transactions<Pool> && pool_discards_connections<Pool>;
+
+namespace detail {
+
+/// Checks the Pool concept one part at a time, so that a type that does not
+/// fit gets one readable message naming the missing part.
+template <class Pool>
+constexpr bool check_pool() {
+    static_assert(pool_names_its_types<Pool>,
+                  "bulkhead: Pool must define a move-only `lease`, a `transaction` handle and a "
+                  "default-constructible `transaction_options` (see bulkhead::pool_names_its_types)");
+    if constexpr (pool_names_its_types<Pool>) {
+        static_assert(pool_acquires_leases<Pool>,
+                      "bulkhead: Pool must provide `lease acquire(std::chrono::steady_clock::time_point deadline)` "
+                      "(see bulkhead::pool_acquires_leases)");
+        static_assert(pool_runs_transactions<Pool>,
+                      "bulkhead: Pool must provide `transaction begin(lease&, const transaction_options&)`, "
+                      "`commit(lease&, transaction&)` and `rollback(lease&, transaction&)`, and `*transaction` "
+                      "(see bulkhead::pool_runs_transactions)");
+        static_assert(pool_discards_connections<Pool>,
+                      "bulkhead: Pool must provide `void discard(lease&) noexcept` "
+                      "(see bulkhead::pool_discards_connections)");
+    }
+    return transactional_pool<Pool>;
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------
+// Observer
+// ---------------------------------------------------------------------------
+
+/// The default observer: every event compiles to nothing. An observer type is
+/// any class with some of these member functions (all noexcept); events it
+/// does not declare are not delivered, at no cost.
+struct null_observer {
+    /// A call was turned away before its work started.
+    void on_rejected(reject_reason /*reason*/) noexcept {}
+    /// A rollback failed; the connection has been marked for discard. The
+    /// original exception, if any, still reaches the caller.
+    void on_rollback_failed(std::exception_ptr /*failure*/) noexcept {}
+};
+
+namespace detail {
+
+template <class Observer>
+void notify_rejected(Observer& observer, reject_reason reason) noexcept {
+    if constexpr (requires { observer.on_rejected(reason); }) {
+        static_assert(noexcept(observer.on_rejected(reason)), "bulkhead: Observer::on_rejected must be noexcept");
+        observer.on_rejected(reason);
+    }
+}
+
+template <class Observer>
+void notify_rollback_failed(Observer& observer, std::exception_ptr failure) noexcept {
+    if constexpr (requires { observer.on_rollback_failed(failure); }) {
+        static_assert(noexcept(observer.on_rollback_failed(failure)),
+                      "bulkhead: Observer::on_rollback_failed must be noexcept");
+        observer.on_rollback_failed(std::move(failure));
+    }
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------
+// transaction_guard
+// ---------------------------------------------------------------------------
+
+/// Where a transaction_guard reports a rollback that failed: a context pointer
+/// and a function, so reporting needs no allocation. An empty hook drops the
+/// report (the connection is still discarded).
+struct rollback_failure_hook {
+    void* context = nullptr;
+    void (*report)(void* context, std::exception_ptr failure) noexcept = nullptr;
+
+    void operator()(std::exception_ptr failure) const noexcept {
+        if (report != nullptr) {
+            report(context, std::move(failure));
+        }
+    }
+};
+
+/// Begins a transaction on construction; commits only when told; rolls back
+/// in its destructor otherwise. A failed rollback never throws and is never
+/// swallowed: the connection is marked for discard and the failure goes to
+/// the hook.
+/// \note Scoped like std::lock_guard: neither copyable nor movable. The pool
+/// and the lease must outlive it.
+template <class Pool>
+    requires transactional_pool<Pool>
+class transaction_guard {
+public:
+    using lease_type = typename Pool::lease;
+    using transaction_type = typename Pool::transaction;
+    using options_type = typename Pool::transaction_options;
+
+    /// Begins a transaction on `lease`.
+    /// \throws whatever the pool's begin() throws; nothing is held then.
+    transaction_guard(Pool& pool, lease_type& lease, const options_type& options = {},
+                      rollback_failure_hook on_rollback_failure = {})
+        : m_pool(&pool),
+          m_lease(&lease),
+          m_on_rollback_failure(on_rollback_failure),
+          m_transaction(pool.begin(lease, options)) {}
+
+    transaction_guard(const transaction_guard&) = delete;
+    transaction_guard& operator=(const transaction_guard&) = delete;
+
+    /// Rolls back unless commit() succeeded.
+    ~transaction_guard() { rollback(); }
+
+    /// What the callback works with (`*transaction`).
+    [[nodiscard]] decltype(auto) work() noexcept(noexcept(*std::declval<transaction_type&>())) {
+        return *m_transaction;
+    }
+
+    /// Commits. If the commit throws, the transaction still counts as open and
+    /// is rolled back by rollback() or the destructor.
+    /// \throws std::logic_error when the transaction already ended.
+    void commit() {
+        if (!m_open) {
+            throw std::logic_error("bulkhead::transaction_guard: commit after the transaction ended");
+        }
+        m_pool->commit(*m_lease, m_transaction);
+        m_open = false;
+    }
+
+    /// Rolls back if still open. Idempotent; never throws: a failure marks the
+    /// connection for discard and goes to the hook.
+    void rollback() noexcept {
+        if (!m_open) {
+            return;
+        }
+        m_open = false;
+        try {
+            m_pool->rollback(*m_lease, m_transaction);
+        } catch (...) {
+            m_pool->discard(*m_lease);
+            m_on_rollback_failure(std::current_exception());
+        }
+    }
+
+    /// True until commit() succeeded or rollback() ran.
+    [[nodiscard]] bool open() const noexcept { return m_open; }
+
+private:
+    Pool* m_pool;
+    lease_type* m_lease;
+    rollback_failure_hook m_on_rollback_failure;
+    transaction_type m_transaction;
+    bool m_open = true;
+};
+
+// ---------------------------------------------------------------------------
+// permit
+// ---------------------------------------------------------------------------
+
+template <class Pool, class Observer>
+class db_bulkhead;
+
+namespace detail {
+
+/// The permit logic of a gate, independent of the pool type.
+class gate_core {
+public:
+    gate_core(int concurrent, int extra_slots)
+        : m_concurrent(checked_concurrent(concurrent, extra_slots)),
+          m_extra_slots(extra_slots),
+          m_slots(static_cast<std::int64_t>(concurrent) + extra_slots),
+          m_running(concurrent) {}
+
+    gate_core(const gate_core&) = delete;
+    gate_core& operator=(const gate_core&) = delete;
+
+    /// Releases one execution permit, then one admission slot.
+    void leave() noexcept {
+        m_running.release();
+        m_slots.release();
+    }
+
+    int m_concurrent;
+    int m_extra_slots;
+    admission_counter m_slots;  // B + Q, never waited on
+    fifo_semaphore m_running;   // B, FIFO
+
+private:
+    static int checked_concurrent(int concurrent, int extra_slots) {
+        if (concurrent < 1) {
+            throw std::invalid_argument("bulkhead::db_bulkhead: concurrent (B) must be at least 1");
+        }
+        if (extra_slots < 0) {
+            throw std::invalid_argument("bulkhead::db_bulkhead: extra_slots (Q) must not be negative");
+        }
+        if (extra_slots > std::numeric_limits<int>::max() - concurrent) {
+            throw std::overflow_error("bulkhead::db_bulkhead: concurrent + extra_slots (B + Q) overflows int");
+        }
+        return concurrent;
+    }
+};
+
+}  // namespace detail
+
+/// One execution permit and one admission slot of a gate, held until
+/// destroyed or released. From db_bulkhead::enter(), for callers that run
+/// their own transaction manager inside the admitted scope.
+/// \note Move-only. Release it on the thread that entered the gate (as with
+/// std::unique_lock<std::mutex>): the gate's non-reentrancy check is kept per
+/// thread.
+class [[nodiscard]] permit {
+public:
+    /// An empty permit, holding nothing.
+    permit() noexcept = default;
+
+    permit(permit&& other) noexcept
+        : m_core(std::exchange(other.m_core, nullptr)), m_tracked(std::exchange(other.m_tracked, false)) {}
+
+    /// Gives back what this permit held, then takes over `other`'s.
+    permit& operator=(permit&& other) noexcept {
+        if (this != &other) {
+            release();
+            m_core = std::exchange(other.m_core, nullptr);
+            m_tracked = std::exchange(other.m_tracked, false);
+        }
+        return *this;
+    }
+
+    permit(const permit&) = delete;
+    permit& operator=(const permit&) = delete;
+
+    ~permit() { release(); }
+
+    /// Returns the execution permit and the admission slot. Idempotent.
+    void release() noexcept {
+        if (detail::gate_core* core = std::exchange(m_core, nullptr)) {
+            if (m_tracked) {
+                detail::this_thread_gates.remove(core);
+                m_tracked = false;
+            }
+            core->leave();
+        }
+    }
+
+    /// True while it holds a permit.
+    explicit operator bool() const noexcept { return m_core != nullptr; }
+
+private:
+    template <class Pool, class Observer>
+    friend class db_bulkhead;
+
+    permit(detail::gate_core& core, bool tracked) noexcept : m_core(&core), m_tracked(tracked) {}
+
+    detail::gate_core* m_core = nullptr;
+    bool m_tracked = false;  // recorded in the entering thread's held_gates
+};
+
+static_assert(std::is_nothrow_move_constructible_v<permit> && !std::is_copy_constructible_v<permit>);
+
+// ---------------------------------------------------------------------------
+// db_bulkhead
+// ---------------------------------------------------------------------------
+
+/// An admission gate in front of `Pool`. See the file comment.
+/// \tparam Pool     a bulkhead::transactional_pool.
+/// \tparam Observer receives events (rejections, failed rollbacks); the
+///                  default, null_observer, costs nothing.
+template <class Pool, class Observer = null_observer>
+class db_bulkhead {
+    static_assert(detail::check_pool<Pool>());
+
+    /// What the callback receives: `*transaction`.
+    using work_arg_t = decltype(*std::declval<typename Pool::transaction&>());
+
+    /// What a callback of type Work returns.
+    template <class Work>
+    using work_result_t = std::invoke_result_t<Work&, work_arg_t>;
+
+public:
+    using pool_type = Pool;
+    using transaction_options = typename Pool::transaction_options;
+    using clock = std::chrono::steady_clock;
+
+    /// Per-call settings. Use designated initializers:
+    /// `gate.transaction({.queue_wait = 20ms, .stop = token}, work)`.
+    struct options {
+        /// Longest wait for an execution permit. Zero still succeeds when a
+        /// permit is free and nobody is queued. Must not be negative.
+        std::chrono::nanoseconds queue_wait{0};
+        /// A stop request rejects the call while it waits for a permit (and
+        /// before the work starts).
+        std::stop_token stop{};
+        /// An absolute deadline for the whole call: it caps the permit wait
+        /// and the pool wait; once passed, the call is rejected with
+        /// deadline_exceeded before the pool is touched. The default,
+        /// time_point::max(), means none.
+        clock::time_point deadline = clock::time_point::max();
+        /// Settings for the transaction itself (isolation level, read-only, ...).
+        transaction_options transaction{};
+    };
+
+    /// Creates a gate with `concurrent` (B) execution permits and
+    /// `extra_slots` (Q) further admission slots over `pool`.
+    /// \throws std::invalid_argument when B < 1 or Q < 0;
+    ///         std::overflow_error when B + Q does not fit an int.
+    db_bulkhead(Pool& pool, int concurrent, int extra_slots) : m_pool(&pool), m_core(concurrent, extra_slots) {}
+
+    /// As above, with an observer that receives the gate's events.
+    db_bulkhead(Pool& pool, int concurrent, int extra_slots, Observer observer)
+        : m_pool(&pool), m_core(concurrent, extra_slots), m_observer(std::move(observer)) {}
+
+    db_bulkhead(const db_bulkhead&) = delete;
+    db_bulkhead& operator=(const db_bulkhead&) = delete;
+
+    /// Runs `work` inside one transaction on one pooled connection and returns
+    /// its value after commit and after the connection went back to the pool.
+    /// \throws admission_full, admission_timeout, admission_cancelled,
+    ///         deadline_exceeded, pool_timeout (all bulkhead::rejected: the
+    ///         work never started); whatever `work`, begin or commit threw
+    ///         (the transaction was rolled back); std::invalid_argument for a
+    ///         negative queue wait or an empty callable; std::logic_error when
+    ///         this thread is already inside this gate.
+    template <class Work>
+    auto transaction(const options& call, Work&& work) {
+        check_callable(work);
+        permit held = admit(call).value();
+        return run(held, call, std::forward<Work>(work));
+    }
+
+    /// Same as transaction({.queue_wait = queue_wait}, work).
+    template <class Work>
+    auto transaction(std::chrono::nanoseconds queue_wait, Work&& work) {
+        return transaction(options{.queue_wait = queue_wait}, std::forward<Work>(work));
+    }
+
+    /// Like transaction(), but a rejection comes back as a result instead of
+    /// an exception. The callback's own exceptions, and errors from begin and
+    /// commit, still propagate; so does misuse.
+    template <class Work>
+    auto try_transaction(const options& call, Work&& work) -> result<work_result_t<Work>> {
+        check_callable(work);
+        result<permit> held = admit(call);
+        if (!held) {
+            return held.error();
+        }
+        try {
+            if constexpr (std::is_void_v<work_result_t<Work>>) {
+                run(*held, call, std::forward<Work>(work));
+                return {};
+            } else {
+                return run(*held, call, std::forward<Work>(work));
+            }
+        } catch (const rejected& rejection) {
+            // Only the stages before the callback throw rejected (the pool
+            // wait, a stop or deadline seen after the permit): report it.
+            return rejection.reason();
+        }
+    }
+
+    /// Same as try_transaction({.queue_wait = queue_wait}, work).
+    template <class Work>
+    auto try_transaction(std::chrono::nanoseconds queue_wait, Work&& work) {
+        return try_transaction(options{.queue_wait = queue_wait}, std::forward<Work>(work));
+    }
+
+    /// Takes an admission slot and an execution permit, for callers that run
+    /// their own transaction inside the admitted scope. `call.transaction` is
+    /// ignored.
+    /// \throws as transaction() does for admission.
+    [[nodiscard]] permit enter(const options& call = {}) { return admit(call).value(); }
+
+    /// Like enter(), reporting a rejection as a result.
+    [[nodiscard]] result<permit> try_enter(const options& call = {}) { return admit(call); }
+
+    /// Free execution permits (of B). An observation, never needed to decide
+    /// admission: it is stale as soon as it returns.
+    [[nodiscard]] int available() const noexcept { return static_cast<int>(m_core.m_running.available()); }
+
+    /// Free admission slots (of B + Q). An observation, like available().
+    [[nodiscard]] int available_slots() const noexcept { return static_cast<int>(m_core.m_slots.available()); }
+
+    /// Callers queued for an execution permit right now.
+    [[nodiscard]] int waiting() const noexcept { return static_cast<int>(m_core.m_running.waiting()); }
+
+    /// B, as constructed.
+    [[nodiscard]] int concurrent() const noexcept { return m_core.m_concurrent; }
+
+    /// Q, as constructed.
+    [[nodiscard]] int extra_slots() const noexcept { return m_core.m_extra_slots; }
+
+    /// The pool this gate fronts.
+    [[nodiscard]] Pool& pool() const noexcept { return *m_pool; }
+
+    /// The observer, for reading what it collected.
+    [[nodiscard]] Observer& observer() noexcept { return m_observer; }
+
+private:
+    template <class Work>
+    static void check_callable(const Work& work) {
+        static_assert(std::is_invocable_v<Work&, work_arg_t>,
+                      "bulkhead: the callback must be callable with the pool's transaction object");
+        static_assert(!std::is_reference_v<work_result_t<Work>>,
+                      "bulkhead: the callback must return a value (materialized), not a reference into the "
+                      "transaction");
+        using plain = std::remove_cvref_t<Work>;
+        if constexpr (std::is_pointer_v<plain> || std::is_member_pointer_v<plain>) {
+            if (work == nullptr) {
+                throw std::invalid_argument("bulkhead::db_bulkhead: the callback is a null function pointer");
+            }
+        } else if constexpr (requires { work.operator bool(); }) {
+            if (!static_cast<bool>(work)) {
+                throw std::invalid_argument("bulkhead::db_bulkhead: the callback is empty");
+            }
+        }
+    }
+
+    /// Rejects with `reason`, telling the observer.
+    result<permit> refuse(reject_reason reason) noexcept {
+        detail::notify_rejected(m_observer, reason);
+        return reason;
+    }
+
+    /// Both admission stages. Returns a permit or why there is none.
+    result<permit> admit(const options& call) {
+        if (call.queue_wait < call.queue_wait.zero()) {
+            throw std::invalid_argument("bulkhead::db_bulkhead: queue_wait must not be negative");
+        }
+        detail::held_gates& held = detail::this_thread_gates;
+        if (held.holds(&m_core)) {
+            throw std::logic_error(
+                "bulkhead::db_bulkhead: this thread is already inside this gate (the gate is not reentrant)");
+        }
+        if (call.stop.stop_requested()) {
+            return refuse(reject_reason::admission_cancelled);
+        }
+        // The deadline is read only when the call carries one: no clock read
+        // on the common path.
+        std::chrono::nanoseconds wait = call.queue_wait;
+        bool deadline_binds = false;
+        if (call.deadline != clock::time_point::max()) {
+            const auto left = call.deadline - clock::now();
+            if (left <= left.zero()) {
+                return refuse(reject_reason::deadline_exceeded);
+            }
+            if (left < wait) {
+                wait = std::chrono::duration_cast<std::chrono::nanoseconds>(left);
+                deadline_binds = true;
+            }
+        }
+        if (!m_core.m_slots.try_acquire()) {
+            return refuse(reject_reason::admission_full);
+        }
+        if (!m_core.m_running.try_acquire()) {
+            switch (m_core.m_running.try_acquire_for(wait, call.stop)) {
+                case wait_status::acquired: break;
+                case wait_status::timed_out:
+                    m_core.m_slots.release();
+                    return refuse(deadline_binds ? reject_reason::deadline_exceeded
+                                                 : reject_reason::admission_timeout);
+                case wait_status::cancelled:
+                    m_core.m_slots.release();
+                    return refuse(reject_reason::admission_cancelled);
+            }
+        }
+        return permit(m_core, held.add(&m_core));
+    }
+
+    /// Stages 3 and 4 for a call that holds `held`. The permit is released
+    /// by the caller's frame, after every local here has been destroyed.
+    template <class Work>
+    work_result_t<Work> run(permit& held, const options& call, Work&& work) {
+        (void)held;
+        // Seen after the permit was granted, but before the pool is touched:
+        // still "the work never started".
+        if (call.stop.stop_requested()) {
+            throw_refusal(reject_reason::admission_cancelled);
+        }
+        if (call.deadline != clock::time_point::max() && call.deadline <= clock::now()) {
+            throw_refusal(reject_reason::deadline_exceeded);
+        }
+        typename Pool::lease lease = acquire_lease(call.deadline);
+        // Destroyed in reverse order: the guard rolls back (unless committed),
+        // then the lease returns the connection, then the caller's permit.
+        transaction_guard<Pool> guard(*m_pool, lease, call.transaction, rollback_hook());
+        if constexpr (std::is_void_v<work_result_t<Work>>) {
+            std::invoke(std::forward<Work>(work), guard.work());
+            guard.commit();
+        } else {
+            work_result_t<Work> value = std::invoke(std::forward<Work>(work), guard.work());
+            guard.commit();
+            return value;
+        }
+    }
+
+    typename Pool::lease acquire_lease(clock::time_point deadline) {
+        try {
+            return m_pool->acquire(deadline);
+        } catch (const rejected& rejection) {
+            detail::notify_rejected(m_observer, rejection.reason());
+            throw;
+        }
+    }
+
+    [[noreturn]] void throw_refusal(reject_reason reason) {
+        detail::notify_rejected(m_observer, reason);
+        throw_rejection(reason);
+    }
+
+    rollback_failure_hook rollback_hook() noexcept {
+        return {this, [](void* self, std::exception_ptr failure) noexcept {
+                    detail::notify_rollback_failed(static_cast<db_bulkhead*>(self)->m_observer,
+                                                   std::move(failure));
+                }};
+    }
+
+    Pool* m_pool;
+    detail::gate_core m_core;
+    [[no_unique_address]] Observer m_observer;
+};
+
+}  // namespace bulkhead

@@ -1,0 +1,106 @@
+// bulkhead: the exception family.
+//
+// Every exception that means "the work never started, nothing reached the
+// database" derives from bulkhead::rejected, itself a std::runtime_error, so a
+// service can map the whole family to one answer (HTTP 503 with Retry-After)
+// and retry later without any risk of doing the work twice. Misuse of the API
+// is reported with the standard std::logic_error family instead
+// (std::invalid_argument for bad arguments).
+//
+// reject_reason names the same outcomes as values, for the non-throwing entry
+// points (try_enter, try_transaction), which report a rejection without
+// paying for an exception.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace bulkhead {
+
+/// Why a call was turned away before its work started.
+enum class reject_reason : std::uint8_t {
+    admission_full,       ///< all B + Q admission slots were taken
+    admission_timeout,    ///< the queue wait ended before an execution permit was free
+    admission_cancelled,  ///< a stop was requested before the work started
+    pool_timeout,         ///< no pool connection within the pool's connection timeout
+    deadline_exceeded,    ///< the call's deadline passed (or would pass) before the work started
+};
+
+/// A short, stable, lower-case name for `reason` ("admission_full", ...),
+/// suitable for metric labels and logs.
+[[nodiscard]] constexpr std::string_view to_string(reject_reason reason) noexcept {
+    switch (reason) {
+        case reject_reason::admission_full: return "admission_full";
+        case reject_reason::admission_timeout: return "admission_timeout";
+        case reject_reason::admission_cancelled: return "admission_cancelled";
+        case reject_reason::pool_timeout: return "pool_timeout";
+        case reject_reason::deadline_exceeded: return "deadline_exceeded";
+    }
+    return "unknown";
+}
+
+/// The work never started: nothing reached the database, retrying later is
+/// safe. Catch this to treat every kind of rejection alike.
+class rejected : public std::runtime_error {
+public:
+    /// \param reason why the call was turned away.
+    /// \param what   the human-readable message.
+    rejected(reject_reason reason, const std::string& what)
+        : std::runtime_error(what), m_reason(reason) {}
+
+    /// Why the call was turned away.
+    [[nodiscard]] reject_reason reason() const noexcept { return m_reason; }
+
+private:
+    reject_reason m_reason;
+};
+
+/// Every admission slot (B + Q) was taken; the call was refused at once,
+/// whatever its queue wait.
+class admission_full : public rejected {
+public:
+    admission_full() : rejected(reject_reason::admission_full, "db admission full") {}
+};
+
+/// The call was admitted but no execution permit became free within its
+/// queue wait.
+class admission_timeout : public rejected {
+public:
+    admission_timeout() : rejected(reject_reason::admission_timeout, "db admission timed out") {}
+};
+
+/// A stop was requested (std::stop_token) before the work started.
+class admission_cancelled : public rejected {
+public:
+    admission_cancelled() : rejected(reject_reason::admission_cancelled, "db admission cancelled") {}
+};
+
+/// The pool had no connection to give within its connection timeout.
+class pool_timeout : public rejected {
+public:
+    explicit pool_timeout(const std::string& what = "db pool connection timed out")
+        : rejected(reject_reason::pool_timeout, what) {}
+};
+
+/// The call's deadline passed, or would pass, before the work could start.
+class deadline_exceeded : public rejected {
+public:
+    explicit deadline_exceeded(const std::string& what = "db deadline exceeded before the work started")
+        : rejected(reject_reason::deadline_exceeded, what) {}
+};
+
+/// Throws the exception of the `rejected` family that matches `reason`.
+[[noreturn]] inline void throw_rejection(reject_reason reason) {
+    switch (reason) {
+        case reject_reason::admission_full: throw admission_full();
+        case reject_reason::admission_timeout: throw admission_timeout();
+        case reject_reason::admission_cancelled: throw admission_cancelled();
+        case reject_reason::pool_timeout: throw pool_timeout();
+        case reject_reason::deadline_exceeded: throw deadline_exceeded();
+    }
+    throw rejected(reason, "db admission rejected");
+}
+
+}  // namespace bulkhead

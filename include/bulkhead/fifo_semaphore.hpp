@@ -1,0 +1,321 @@
+// bulkhead: a strict-FIFO counting semaphore for threads.
+//
+// fifo_semaphore hands out permits in arrival order. It is the execution
+// stage of a gate: of all callers admitted, at most B run, the rest queue here
+// and are served oldest first.
+//
+// Fairness. Strict FIFO among waiters: a release() hands its permit directly
+// to the oldest waiter (no barging: the permit never becomes "free" for a
+// newcomer to grab while someone is queued). try_acquire() fails while anyone
+// is queued, even if a permit is momentarily free, so it never overtakes a
+// waiter. Each permit released wakes at most one thread, the one it was given
+// to; there is no wake-all.
+//
+// Costs. When nobody waits, try_acquire() and release() are one
+// compare-and-swap each on a single atomic word: no lock, no syscall. Waiting
+// takes the mutex, and the waiter's queue node (with its condition variable)
+// lives on the waiting thread's stack: no allocation per wait.
+//
+// The state word. m_state packs two 32-bit counts: the free permits (low
+// half) and the queued waiters (high half). Invariant: when waiters > 0, free
+// permits == 0. It holds because (a) a waiter joins the queue only under the
+// mutex and only after seeing zero free permits in the same compare-and-swap
+// that counts it in, and (b) release() adds to the free count without the
+// mutex only in a compare-and-swap that saw zero waiters; otherwise it takes
+// the mutex and hands permits to queued waiters first, adding only the rest.
+//
+// Timeout or cancellation racing a release. A waiter whose deadline expires,
+// or whose stop_token fires, must take the mutex again before it can leave
+// the queue. A release() that got the mutex first has already unlinked the
+// waiter and marked it granted. Under the mutex the waiter checks `granted`
+// before anything else: if set, the grant wins and the wait reports
+// `acquired` (the caller now holds the permit and must release it); if not,
+// the waiter unlinks itself and reports `timed_out` / `cancelled`, and no
+// release can reach it any more. Either way exactly one party owns each
+// permit: none is lost, none is duplicated. The unit tests run this race many
+// thousands of times (tests/unit/fifo_semaphore_test.cpp).
+//
+// Thread safety and memory ordering. All members may be called concurrently.
+// A successful acquire synchronizes with the release that provided the
+// permit: on the fast path through acquire/release on m_state, on the slow
+// path through m_mutex (the releaser marks the node granted under the mutex,
+// the waiter reads it under the mutex). Destroying a semaphore while threads
+// wait on it is undefined behaviour, as for std::counting_semaphore.
+#pragma once
+
+#include <bulkhead/detail/wait_queue.hpp>
+
+#include <atomic>
+#include <cassert>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <stop_token>
+
+namespace bulkhead {
+
+/// How a wait that can time out or be cancelled ended.
+enum class wait_status : std::uint8_t {
+    acquired,   ///< a permit is held; the caller must release it
+    timed_out,  ///< the deadline passed first; nothing is held
+    cancelled,  ///< a stop was requested first; nothing is held
+};
+
+/// A counting semaphore that serves waiters in strict arrival order.
+/// \note Fairness: strict FIFO; try_acquire() fails while anyone is queued.
+class fifo_semaphore {
+public:
+    /// The most permits a semaphore can hold.
+    static constexpr std::int64_t max_permits = std::numeric_limits<std::int32_t>::max();
+
+    /// Creates a semaphore with `permits` free permits.
+    /// \throws std::invalid_argument when permits is negative or above max_permits.
+    explicit fifo_semaphore(std::int64_t permits) : m_state(checked_permits(permits)) {}
+
+    fifo_semaphore(const fifo_semaphore&) = delete;
+    fifo_semaphore& operator=(const fifo_semaphore&) = delete;
+
+    /// Takes a permit if one is free and nobody is queued. Never blocks.
+    /// \note Fails while anyone waits, even if a permit is about to be handed
+    /// over: it never overtakes a queued waiter.
+    [[nodiscard]] bool try_acquire() noexcept {
+        // relaxed load: a starting guess, the CAS re-validates it.
+        std::uint64_t seen = m_state.load(std::memory_order_relaxed);
+        do {
+            if (waiters_of(seen) != 0 || permits_of(seen) == 0) {
+                return false;
+            }
+            // acquire on success: pairs with the release CAS/fetch_add in release().
+        } while (!m_state.compare_exchange_weak(seen, seen - 1, std::memory_order_acquire,
+                                                std::memory_order_relaxed));
+        return true;
+    }
+
+    /// Blocks until a permit is granted.
+    void acquire() {
+        if (!try_acquire()) {
+            (void)wait(no_deadline{}, nullptr);
+        }
+    }
+
+    /// Blocks until a permit is granted or `stop` is requested.
+    /// \returns acquired or cancelled.
+    [[nodiscard]] wait_status acquire(const std::stop_token& stop) {
+        if (stop.stop_requested()) {
+            return wait_status::cancelled;
+        }
+        return try_acquire() ? wait_status::acquired : wait(no_deadline{}, &stop);
+    }
+
+    /// Waits at most `rel_time` for a permit. A zero or negative wait still
+    /// succeeds when a permit is free and nobody is queued.
+    template <class Rep, class Period>
+    [[nodiscard]] bool try_acquire_for(const std::chrono::duration<Rep, Period>& rel_time) {
+        return try_acquire() || wait(relative_deadline(rel_time), nullptr) == wait_status::acquired;
+    }
+
+    /// Waits at most `rel_time` for a permit, giving up when `stop` is requested.
+    /// A stop already requested on entry returns `cancelled` without taking a permit.
+    template <class Rep, class Period>
+    [[nodiscard]] wait_status try_acquire_for(const std::chrono::duration<Rep, Period>& rel_time,
+                                              const std::stop_token& stop) {
+        if (stop.stop_requested()) {
+            return wait_status::cancelled;
+        }
+        return try_acquire() ? wait_status::acquired : wait(relative_deadline(rel_time), &stop);
+    }
+
+    /// Waits until `abs_time` (on any clock) for a permit.
+    template <class Clock, class Duration>
+    [[nodiscard]] bool try_acquire_until(const std::chrono::time_point<Clock, Duration>& abs_time) {
+        return try_acquire() || wait(abs_time, nullptr) == wait_status::acquired;
+    }
+
+    /// Waits until `abs_time` (on any clock) for a permit, giving up when
+    /// `stop` is requested.
+    template <class Clock, class Duration>
+    [[nodiscard]] wait_status try_acquire_until(const std::chrono::time_point<Clock, Duration>& abs_time,
+                                                const std::stop_token& stop) {
+        if (stop.stop_requested()) {
+            return wait_status::cancelled;
+        }
+        return try_acquire() ? wait_status::acquired : wait(abs_time, &stop);
+    }
+
+    /// Returns `count` permits. Each goes straight to the oldest waiter, if
+    /// any (one wake per permit); the rest become free.
+    /// \note Precondition: the caller holds `count` permits. Releasing permits
+    /// that were never acquired breaks the semaphore's accounting (checked by
+    /// an assertion in debug builds).
+    void release(std::int64_t count = 1) noexcept {
+        assert(count >= 0 && count <= max_permits);
+        if (count <= 0) {
+            return;
+        }
+        const auto add = static_cast<std::uint64_t>(count);
+        std::uint64_t seen = m_state.load(std::memory_order_relaxed);
+        while (waiters_of(seen) == 0) {
+            assert(permits_of(seen) + add <= static_cast<std::uint64_t>(max_permits));
+            // release: publishes the releaser's writes to the next acquirer.
+            if (m_state.compare_exchange_weak(seen, seen + add, std::memory_order_release,
+                                              std::memory_order_relaxed)) {
+                return;
+            }
+        }
+        hand_over(add);
+    }
+
+    /// Free permits right now: an observation, stale as soon as it returns.
+    [[nodiscard]] std::int64_t available() const noexcept {
+        // relaxed: monitoring only.
+        return static_cast<std::int64_t>(permits_of(m_state.load(std::memory_order_relaxed)));
+    }
+
+    /// Threads queued right now: an observation, stale as soon as it returns.
+    [[nodiscard]] std::int64_t waiting() const noexcept {
+        // relaxed: monitoring only.
+        return static_cast<std::int64_t>(waiters_of(m_state.load(std::memory_order_relaxed)));
+    }
+
+private:
+    struct no_deadline {};
+
+    static constexpr std::uint64_t one_waiter = std::uint64_t{1} << 32;
+    static constexpr std::uint64_t permits_of(std::uint64_t state) noexcept { return state & 0xffff'ffffU; }
+    static constexpr std::uint64_t waiters_of(std::uint64_t state) noexcept { return state >> 32; }
+
+    static std::uint64_t checked_permits(std::int64_t permits) {
+        if (permits < 0 || permits > max_permits) {
+            throw std::invalid_argument("bulkhead::fifo_semaphore: permits must be in [0, max_permits]");
+        }
+        return static_cast<std::uint64_t>(permits);
+    }
+
+    /// A relative wait becomes one steady_clock deadline; a wait too long to
+    /// represent (hours::max()) saturates to "no deadline".
+    template <class Rep, class Period>
+    static std::optional<std::chrono::steady_clock::time_point> relative_deadline(
+        const std::chrono::duration<Rep, Period>& rel_time) {
+        using namespace std::chrono;
+        const auto now = steady_clock::now();
+        if (rel_time <= rel_time.zero()) {
+            return now;
+        }
+        if (duration<double>(rel_time) >= duration<double>(steady_clock::time_point::max() - now)) {
+            return std::nullopt;
+        }
+        return now + ceil<steady_clock::duration>(rel_time);
+    }
+
+    /// Runs in the thread that requests a stop: marks the waiter cancelled and
+    /// wakes it, under the mutex so the wake cannot be missed.
+    struct cancel_waiter {
+        fifo_semaphore* sem;
+        detail::waiter* node;
+        void operator()() const noexcept {
+            const std::lock_guard lock(sem->m_mutex);
+            node->cancelled = true;
+            node->wake.notify_one();
+        }
+    };
+
+    template <class Deadline>
+    wait_status wait(const std::optional<Deadline>& deadline, const std::stop_token* stop) {
+        return deadline ? wait(*deadline, stop) : wait(no_deadline{}, stop);
+    }
+
+    /// The slow path: take a permit under the mutex or queue for one.
+    template <class Deadline>
+    wait_status wait(const Deadline& deadline, const std::stop_token* stop) {
+        detail::waiter node;
+        // The stop callback is registered before the mutex is taken: if the
+        // stop was already requested it runs right here and needs the mutex.
+        // It is destroyed (and, if running elsewhere, waited for) after the
+        // lock below is released, and before `node` goes away.
+        std::optional<std::stop_callback<cancel_waiter>> on_stop;
+        if (stop != nullptr && stop->stop_possible()) {
+            on_stop.emplace(*stop, cancel_waiter{this, &node});
+        }
+        std::unique_lock lock(m_mutex);
+        if (node.cancelled) {
+            return wait_status::cancelled;
+        }
+        if (take_or_enqueue(node)) {
+            return wait_status::acquired;
+        }
+        wait_status outcome = wait_status::acquired;
+        for (;;) {
+            // A grant is checked first: it wins over a timeout or a stop that
+            // raced with it (see "Timeout or cancellation racing a release").
+            if (node.granted) {
+                return wait_status::acquired;
+            }
+            if (node.cancelled) {
+                outcome = wait_status::cancelled;
+                break;
+            }
+            if constexpr (std::is_same_v<Deadline, no_deadline>) {
+                node.wake.wait(lock);
+            } else if (node.wake.wait_until(lock, deadline) == std::cv_status::timeout && !node.granted &&
+                       !node.cancelled) {
+                outcome = wait_status::timed_out;
+                break;
+            }
+        }
+        // Not granted, so still queued: leave. No release can reach us now.
+        m_queue.remove(node);
+        m_state.fetch_sub(one_waiter, std::memory_order_relaxed);  // mutex-guarded bookkeeping
+        return outcome;
+    }
+
+    /// Under the mutex: takes a free permit if nobody is queued, otherwise
+    /// counts `node` in and queues it. Returns true if a permit was taken.
+    bool take_or_enqueue(detail::waiter& node) noexcept {
+        std::uint64_t seen = m_state.load(std::memory_order_relaxed);
+        for (;;) {
+            if (waiters_of(seen) == 0 && permits_of(seen) > 0) {
+                if (m_state.compare_exchange_weak(seen, seen - 1, std::memory_order_acquire,
+                                                  std::memory_order_relaxed)) {
+                    return true;
+                }
+                continue;
+            }
+            // Zero free permits here (the invariant), so joining keeps it.
+            // relaxed: the queue itself is guarded by the mutex; a concurrent
+            // fast-path release fails its CAS and comes to the mutex instead.
+            if (m_state.compare_exchange_weak(seen, seen + one_waiter, std::memory_order_relaxed,
+                                              std::memory_order_relaxed)) {
+                m_queue.push_back(node);
+                return false;
+            }
+        }
+    }
+
+    /// Under the mutex: grants permits to the oldest waiters, one wake each,
+    /// and frees whatever is left.
+    void hand_over(std::uint64_t count) noexcept {
+        const std::lock_guard lock(m_mutex);
+        while (count > 0 && !m_queue.empty()) {
+            detail::waiter& next = m_queue.pop_front();
+            next.granted = true;
+            m_state.fetch_sub(one_waiter, std::memory_order_relaxed);  // mutex-guarded bookkeeping
+            // Notified under the mutex: the waiter cannot return (and destroy
+            // its node) before we let go of the mutex.
+            next.wake.notify_one();
+            --count;
+        }
+        if (count > 0) {
+            // release: publishes the releaser's writes to fast-path acquirers.
+            m_state.fetch_add(count, std::memory_order_release);
+        }
+    }
+
+    alignas(64) std::atomic<std::uint64_t> m_state;  // free permits | waiters << 32; see file comment
+    std::mutex m_mutex;                              // guards m_queue and every waiter node in it
+    detail::wait_queue m_queue;                      // guarded by m_mutex
+};
+
+}  // namespace bulkhead
