@@ -586,9 +586,17 @@ private:
         }
     }
 
+    /// Stage 3. A pool wait cut short by the call's deadline (rather than by
+    /// the pool's own connection timeout) is reported as deadline_exceeded.
     typename Pool::lease acquire_lease(clock::time_point deadline) {
         try {
             return m_pool->acquire(deadline);
+        } catch (const pool_timeout&) {
+            if (deadline != clock::time_point::max() && clock::now() >= deadline) {
+                throw_refusal(reject_reason::deadline_exceeded);
+            }
+            detail::notify_rejected(m_observer, reject_reason::pool_timeout);
+            throw;
         } catch (const rejected& rejection) {
             detail::notify_rejected(m_observer, rejection.reason());
             throw;

@@ -1,4 +1,6 @@
 // admission_counter: immediate, lock-free, exact.
+#include "test_util.hpp"
+
 #include <bulkhead/admission_counter.hpp>
 
 #include <catch2/catch.hpp>
@@ -48,10 +50,7 @@ TEST_CASE("admission_counter: concurrent callers never take more than the capaci
                     ++rejected;
                     continue;
                 }
-                const int now = ++holding;
-                int seen = most.load();
-                while (now > seen && !most.compare_exchange_weak(seen, now)) {
-                }
+                bulkhead_test::raise_max(most, ++holding);
                 --holding;
                 slots.release();
             }

@@ -1,5 +1,7 @@
 // fifo_semaphore: FIFO order, no overtaking, timed and cancellable waits, and
 // the timeout/cancel-versus-release races, repeated thousands of times.
+#include "test_util.hpp"
+
 #include <bulkhead/fifo_semaphore.hpp>
 
 #include <catch2/catch.hpp>
@@ -17,20 +19,8 @@
 using namespace std::chrono_literals;
 using bulkhead::fifo_semaphore;
 using bulkhead::wait_status;
-
-namespace {
-
-/// Spins (yielding) until `done()` holds; fails the test after 10 s.
-template <class Predicate>
-void await(Predicate done) {
-    const auto give_up = std::chrono::steady_clock::now() + 10s;
-    while (!done()) {
-        REQUIRE(std::chrono::steady_clock::now() < give_up);
-        std::this_thread::yield();
-    }
-}
-
-}  // namespace
+using bulkhead_test::await;
+using bulkhead_test::raise_max;
 
 static_assert(!std::is_copy_constructible_v<fifo_semaphore> && !std::is_move_constructible_v<fifo_semaphore>);
 static_assert(noexcept(std::declval<fifo_semaphore&>().try_acquire()));
@@ -288,10 +278,7 @@ TEST_CASE("fifo_semaphore: many threads never hold more than the permits", "[sem
                     ++gave_up;
                     continue;
                 }
-                const int now = ++holding;
-                int seen = most.load();
-                while (now > seen && !most.compare_exchange_weak(seen, now)) {
-                }
+                raise_max(most, ++holding);
                 --holding;
                 sem.release();
             }

@@ -1,6 +1,7 @@
 // db_bulkhead over a test-double pool: contract section A (permits) and the
 // rollback bookkeeping of section B that a fake pool can show (B3, B5, B6, B8).
 #include "fake_pool.hpp"
+#include "test_util.hpp"
 
 #include <bulkhead/bulkhead.hpp>
 
@@ -25,14 +26,8 @@ using gate_t = bulkhead::db_bulkhead<fake_pool>;
 
 namespace {
 
-template <class Predicate>
-void await(Predicate done) {
-    const auto give_up = std::chrono::steady_clock::now() + 10s;
-    while (!done()) {
-        REQUIRE(std::chrono::steady_clock::now() < give_up);
-        std::this_thread::yield();
-    }
-}
+using bulkhead_test::await;
+using bulkhead_test::raise_max;
 
 /// Runs one transaction on its own thread whose callback holds the permit
 /// until go() is called.
@@ -122,7 +117,8 @@ TEST_CASE("[A1] construction rejects B < 1, negative Q and an overflowing B + Q"
     CHECK_THROWS_WITH(gate_t(pool, 1, -1), Catch::Contains("extra_slots (Q)"));
     gate_t largest(pool, std::numeric_limits<int>::max() - 5, 5);
     CHECK(largest.available_slots() == std::numeric_limits<int>::max());
-    gate_t gate(pool, 3, 2);
+    bulkhead::db_bulkhead gate(pool, 3, 2);  // class template argument deduction
+    static_assert(std::is_same_v<decltype(gate), gate_t>);
     CHECK(gate.available() == 3);
     CHECK(gate.available_slots() == 5);
     CHECK(gate.concurrent() == 3);
@@ -411,10 +407,7 @@ TEST_CASE("[A11] never more than B callbacks run and never more than Q wait, und
     std::atomic<int> most_waiting{0};
     std::thread sampler([&] {
         while (!done) {
-            const int waiting = gate.waiting();
-            int seen = most_waiting.load();
-            while (waiting > seen && !most_waiting.compare_exchange_weak(seen, waiting)) {
-            }
+            raise_max(most_waiting, gate.waiting());
             std::this_thread::yield();
         }
     });
@@ -423,10 +416,7 @@ TEST_CASE("[A11] never more than B callbacks run and never more than Q wait, und
         threads.emplace_back([&] {
             for (int i = 0; i < 300; ++i) {
                 (void)gate.try_transaction(200us, [&](fake_pool::work&) {
-                    const int now = ++running;
-                    int seen = most_running.load();
-                    while (now > seen && !most_running.compare_exchange_weak(seen, now)) {
-                    }
+                    raise_max(most_running, ++running);
                     std::this_thread::yield();
                     --running;
                 });

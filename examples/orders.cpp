@@ -1,0 +1,86 @@
+// Real use: several worker threads write orders through one gate.
+//
+// A small schema, 8 workers, a gate of B = 2 with Q = 2 over a pool of 4
+// connections, a 5 ms queue wait. Some calls are refused under this load; each
+// refusal is counted, nothing it carried reached the database. At the end the
+// table holds exactly the orders that were committed, and the gate is idle.
+//
+//   DB_URL='host=... dbname=... user=...' build/release/examples/orders
+#include <bulkhead/bulkhead.hpp>
+#include <bulkhead/pqxx_pool.hpp>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+
+int main() {
+    const char* url = std::getenv("DB_URL");
+    if (url == nullptr) {
+        std::cerr << "orders: set DB_URL to a libpq connection string\n";
+        return 2;
+    }
+    try {
+        bulkhead::pqxx_pool pool({.conninfo = url, .max_size = 4, .application_name = "bulkhead-orders"});
+        bulkhead::db_bulkhead gate(pool, /*concurrent=*/2, /*extra_slots=*/2);
+
+        gate.transaction(1s, [](pqxx::dbtransaction& tx) {
+            tx.exec0("CREATE TABLE IF NOT EXISTS bulkhead_orders ("
+                     " id bigserial PRIMARY KEY, worker int NOT NULL, item text NOT NULL,"
+                     " quantity int NOT NULL CHECK (quantity > 0), created timestamptz NOT NULL DEFAULT now())");
+            tx.exec0("TRUNCATE bulkhead_orders");
+        });
+
+        constexpr int workers = 8;
+        constexpr int orders_per_worker = 200;
+        std::atomic<long> committed{0};
+        std::array<std::atomic<long>, 5> rejected{};  // by bulkhead::reject_reason
+        std::vector<std::jthread> threads;
+        for (int worker = 0; worker < workers; ++worker) {
+            threads.emplace_back([&, worker] {
+                for (int n = 0; n < orders_per_worker; ++n) {
+                    auto outcome = gate.try_transaction(5ms, [&](pqxx::dbtransaction& tx) {
+                        return tx.exec_params1("INSERT INTO bulkhead_orders(worker, item, quantity)"
+                                               " VALUES ($1, $2, $3) RETURNING id",
+                                               worker, "item-" + std::to_string(n), 1 + n % 5)[0]
+                            .as<long>();
+                    });
+                    if (outcome) {
+                        ++committed;
+                    } else {
+                        ++rejected[static_cast<std::size_t>(outcome.error())];
+                    }
+                }
+            });
+        }
+        threads.clear();  // joins
+
+        const long rows = gate.transaction(1s, [](pqxx::dbtransaction& tx) {
+            return tx.exec1("SELECT count(*) FROM bulkhead_orders")[0].as<long>();
+        });
+        long refused = 0;
+        std::cout << "attempted=" << workers * orders_per_worker << " committed=" << committed << '\n';
+        for (std::size_t reason = 0; reason < rejected.size(); ++reason) {
+            refused += rejected[reason];
+            if (rejected[reason] != 0) {
+                std::cout << "rejected." << bulkhead::to_string(static_cast<bulkhead::reject_reason>(reason)) << '='
+                          << rejected[reason] << '\n';
+            }
+        }
+        std::cout << "rows=" << rows << " gate.available=" << gate.available()
+                  << " gate.available_slots=" << gate.available_slots() << " pool.in_use=" << pool.in_use() << '\n';
+        const bool consistent = rows == committed && committed + refused == workers * orders_per_worker &&
+                                gate.available() == 2 && gate.available_slots() == 4 && pool.in_use() == 0;
+        std::cout << (consistent ? "consistent" : "INCONSISTENT") << '\n';
+        return consistent ? 0 : 1;
+    } catch (const std::exception& failure) {
+        std::cerr << "orders: " << failure.what() << '\n';
+        return 1;
+    }
+}

@@ -1,0 +1,36 @@
+// Contract section D: the demo, run as a user would run it.
+#include "pg_test_database.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#ifndef BULKHEAD_DEMO_PATH
+#define BULKHEAD_DEMO_PATH ""
+#endif
+
+TEST_CASE("[D1] examples/demo prints overload=rejected, query=42, available=1 and exits 0", "[pg][D1]") {
+    const std::string demo = BULKHEAD_DEMO_PATH;
+    if (demo.empty()) {
+        FAIL("examples/demo was not built: configure with -DBULKHEAD_BUILD_EXAMPLES=ON");
+    }
+    REQUIRE(::setenv("DB_URL", bulkhead_test::conninfo().c_str(), 1) == 0);
+    ::unsetenv("DB_USER");
+    ::unsetenv("DB_PASSWORD");
+    std::FILE* pipe = ::popen(("'" + demo + "'").c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    std::string output;
+    std::array<char, 256> buffer{};
+    while (std::fgets(buffer.data(), static_cast<int>(buffer.size()), pipe) != nullptr) {
+        output += buffer.data();
+    }
+    const int status = ::pclose(pipe);
+    CHECK(output == "overload=rejected\nquery=42\navailable=1\n");
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+}

@@ -1,0 +1,462 @@
+#!/usr/bin/env bash
+# pg_throwaway.sh: a private, disposable PostgreSQL server for the [pg] tests,
+# the demo and the benchmarks. Nothing here touches a system cluster.
+#
+#   pg_throwaway.sh start        STATE_DIR   start a new server (or record BULKHEAD_TEST_DATABASE)
+#   pg_throwaway.sh stop         STATE_DIR   stop it and delete STATE_DIR; fine if already stopped
+#   pg_throwaway.sh stop-server  STATE_DIR   stop the server, keep its data, port and password
+#   pg_throwaway.sh start-server STATE_DIR   start it again on the same port and wait until ready
+#   pg_throwaway.sh env          STATE_DIR   print `export BULKHEAD_TEST_DATABASE='...'`
+#
+# After `start`, STATE_DIR holds:
+#   conninfo    libpq keyword string: host=127.0.0.1 port=N dbname=bulkhead user=bulkhead password=... connect_timeout=5
+#   env         the same as a shell `export` line, and BULKHEAD_PG_SCRIPT (this script)
+#   script      the absolute path of this script
+#   server.log  the server's log
+#   data/       the cluster (owned by `postgres` when run as root)
+#   external    present only when BULKHEAD_TEST_DATABASE named the server; then no server is run
+#
+# As root the server runs as the `postgres` user (runuser); otherwise as the
+# caller. The port is a random free one in 20000-60000. The password is random
+# and is never printed. Settings favour speed over durability (fsync=off).
+set -euo pipefail
+
+readonly program="pg_throwaway.sh"
+readonly marker_name=".pg_throwaway"
+readonly ready_timeout_s=30
+readonly start_attempts=5
+
+say() { printf '%s: %s\n' "$program" "$*" >&2; }
+die() {
+    say "error: $*"
+    exit 1
+}
+
+usage() {
+    sed -n '5,9s/^#   //p' "${BASH_SOURCE[0]}" >&2
+    exit 2
+}
+
+# Masks passwords in a libpq keyword string, a URL or an SQL statement.
+mask_password() {
+    sed -E -e "s/(password[[:space:]]*=[[:space:]]*)('[^']*'|[^[:space:]]*)/\1********/g" \
+        -e 's#(://[^:/@]*):[^@/]*@#\1:********@#' \
+        -e "s/(PASSWORD[[:space:]]+)'[^']*'?/\1'********'/g"
+}
+
+# Quotes a value for a shell single-quoted string.
+shell_single_quote() {
+    local value=$1
+    printf "'%s'" "${value//\'/\'\\\'\'}"
+}
+
+# --- locating things ---------------------------------------------------------
+
+find_bindir() {
+    if [[ -n "${PG_BINDIR:-}" ]]; then
+        [[ -x "$PG_BINDIR/postgres" ]] || die "PG_BINDIR=$PG_BINDIR has no postgres binary"
+        printf '%s\n' "$PG_BINDIR"
+        return
+    fi
+    local newest="" candidate
+    # Newest major version first: sort the directory names as versions.
+    while IFS= read -r candidate; do
+        if [[ -x "$candidate/bin/postgres" && -x "$candidate/bin/initdb" ]]; then
+            newest="$candidate/bin"
+        fi
+    done < <(find /usr/lib/postgresql -mindepth 1 -maxdepth 1 -type d 2>/dev/null | sort -V)
+    if [[ -n "$newest" ]]; then
+        printf '%s\n' "$newest"
+        return
+    fi
+    if command -v pg_config >/dev/null 2>&1; then
+        candidate=$(pg_config --bindir 2>/dev/null || true)
+        if [[ -n "$candidate" && -x "$candidate/postgres" && -x "$candidate/initdb" ]]; then
+            printf '%s\n' "$candidate"
+            return
+        fi
+    fi
+    die "no PostgreSQL server binaries found (looked at PG_BINDIR, /usr/lib/postgresql/*/bin, pg_config --bindir);" \
+        "install them with: apt-get install postgresql  (or scripts/install-deps)"
+}
+
+# Absolute, symlink-free path of a directory that exists.
+absolute_dir() { (cd "$1" && pwd -P); }
+
+# --- running as the server's user -------------------------------------------
+
+# The user that owns (or will own) the cluster: `postgres` when we are root.
+server_user_for_new_cluster() {
+    if [[ "$(id -u)" -eq 0 ]]; then
+        id -u postgres >/dev/null 2>&1 ||
+            die "running as root, but there is no 'postgres' user to run the server as;" \
+                "install the server with: apt-get install postgresql"
+        printf 'postgres\n'
+    else
+        id -un
+    fi
+}
+
+# Runs a command as $server_user: through runuser when that is not us.
+as_server_user() {
+    if [[ "$server_user" == "$(id -un)" ]]; then
+        "$@"
+    else
+        # From /, so the server user never needs to read our working directory.
+        (cd / && runuser -u "$server_user" -- "$@")
+    fi
+}
+
+# --- state ------------------------------------------------------------------
+
+# Reads STATE_DIR/state (key=value lines) into the variables the subcommands use.
+load_state() {
+    local key value
+    [[ -f "$state_dir/state" ]] || die "$state_dir has no server state; run '$program start $state_dir' first"
+    bindir="" port="" data_dir="" socket_dir="" log_file="" runtime_dir=""
+    while IFS='=' read -r key value; do
+        case "$key" in
+            bindir) bindir=$value ;;
+            port) port=$value ;;
+            data_dir) data_dir=$value ;;
+            socket_dir) socket_dir=$value ;;
+            log_file) log_file=$value ;;
+            runtime_dir) runtime_dir=$value ;;
+            *) ;;
+        esac
+    done <"$state_dir/state"
+    [[ -n "$bindir" && -n "$port" && -n "$data_dir" ]] || die "$state_dir/state is incomplete"
+    server_user=$(stat -c %U "$data_dir" 2>/dev/null) || die "the data directory $data_dir is missing"
+}
+
+write_state() {
+    {
+        printf 'bindir=%s\n' "$bindir"
+        printf 'port=%s\n' "$port"
+        printf 'data_dir=%s\n' "$data_dir"
+        printf 'socket_dir=%s\n' "$socket_dir"
+        printf 'log_file=%s\n' "$log_file"
+        printf 'runtime_dir=%s\n' "$runtime_dir"
+    } >"$state_dir/state"
+}
+
+# Writes STATE_DIR/conninfo and STATE_DIR/env, readable only by us: they hold
+# a password. The env file also names this script, for tests that start a
+# private cluster of their own.
+write_conninfo() {
+    local conninfo=$1
+    (
+        umask 077
+        printf '%s\n' "$conninfo" >"$state_dir/conninfo"
+        {
+            printf 'export BULKHEAD_TEST_DATABASE=%s\n' "$(shell_single_quote "$conninfo")"
+            printf 'export BULKHEAD_PG_SCRIPT=%s\n' "$(shell_single_quote "$script_path")"
+        } >"$state_dir/env"
+    )
+    printf '%s\n' "$script_path" >"$state_dir/script"
+}
+
+# --- ports ------------------------------------------------------------------
+
+random_port() {
+    # Two draws of $RANDOM (15 bits each) cover the range evenly enough.
+    printf '%d\n' $((20000 + (RANDOM * 32768 + RANDOM) % 40001))
+}
+
+port_is_free() {
+    local candidate=$1
+    if command -v ss >/dev/null 2>&1; then
+        [[ -z "$(ss -Hltn "sport = :$candidate" 2>/dev/null)" ]] || return 1
+    fi
+    # Something answering on 127.0.0.1 means the port is taken.
+    ! (exec 3<>"/dev/tcp/127.0.0.1/$candidate") 2>/dev/null
+}
+
+pick_free_port() {
+    local candidate tries
+    for ((tries = 0; tries < 100; tries++)); do
+        candidate=$(random_port)
+        if port_is_free "$candidate"; then
+            printf '%s\n' "$candidate"
+            return
+        fi
+    done
+    die "found no free TCP port in 20000-60000 after 100 tries"
+}
+
+# --- the server -------------------------------------------------------------
+
+# Settings for tests: fast, loud enough to debug, reachable only from this machine.
+write_server_conf() {
+    as_server_user tee "$data_dir/throwaway.conf" >/dev/null <<EOF
+# Written by $program; rewritten on every start attempt.
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$socket_dir'
+max_connections = 300
+shared_buffers = 32MB
+fsync = off
+synchronous_commit = off
+full_page_writes = off
+logging_collector = off
+log_line_prefix = '%m [%p] %q%u@%d '
+EOF
+}
+
+tail_log() {
+    if [[ -s "$log_file" ]]; then
+        say "last lines of $log_file:"
+        tail -n 20 "$log_file" | mask_password >&2 || true
+    fi
+}
+
+server_is_running() {
+    [[ -f "$data_dir/postmaster.pid" ]] && as_server_user "$bindir/pg_ctl" status -D "$data_dir" >/dev/null 2>&1
+}
+
+# Starts the server on $port and waits for it. Returns 3 when the port was
+# taken between picking it and binding it, 1 on any other failure.
+start_server_once() {
+    local log_size_before=0 output
+    [[ -f "$log_file" ]] && log_size_before=$(stat -c %s "$log_file")
+    if output=$(as_server_user "$bindir/pg_ctl" start -D "$data_dir" -l "$log_file" \
+        -w -t "$ready_timeout_s" -s 2>&1); then
+        return 0
+    fi
+    # Only what this attempt logged counts.
+    if tail -c +"$((log_size_before + 1))" "$log_file" 2>/dev/null | grep -q 'Address already in use'; then
+        return 3
+    fi
+    [[ -z "$output" ]] || printf '%s\n' "$output" >&2
+    return 1
+}
+
+wait_until_ready() {
+    local deadline=$((SECONDS + ready_timeout_s))
+    until "$bindir/pg_isready" -q -h 127.0.0.1 -p "$port" -d postgres -t 2; do
+        if ((SECONDS >= deadline)); then
+            tail_log
+            die "the server on port $port did not accept connections within ${ready_timeout_s}s"
+        fi
+        sleep 0.2
+    done
+}
+
+stop_server_if_running() {
+    if [[ -f "$data_dir/postmaster.pid" ]]; then
+        if ! as_server_user "$bindir/pg_ctl" stop -D "$data_dir" -m fast -w -t 60 -s >/dev/null 2>&1; then
+            # Not running after all (a stale pid file), or stuck: make sure it is gone.
+            as_server_user "$bindir/pg_ctl" stop -D "$data_dir" -m immediate -w -t 30 -s >/dev/null 2>&1 || true
+        fi
+    fi
+}
+
+# The EXIT trap of `start`: a start that fails after the server came up must
+# not leave it running. Its files stay for a look until `stop`.
+stop_if_start_failed() {
+    if ((started_server)); then
+        stop_server_if_running
+    fi
+}
+
+# --- subcommands ------------------------------------------------------------
+
+# Removes STATE_DIR, but only one that this script made (or an empty one).
+remove_state_dir() {
+    [[ -d "$state_dir" ]] || return 0
+    if [[ ! -e "$state_dir/$marker_name" ]] && [[ -n "$(ls -A "$state_dir")" ]]; then
+        die "$state_dir is not empty and was not made by $program; not deleting it"
+    fi
+    rm -rf -- "$state_dir"
+}
+
+cmd_stop() {
+    [[ -d "$state_dir" ]] || return 0
+    if [[ -f "$state_dir/state" && ! -e "$state_dir/external" ]]; then
+        # A half-made state (e.g. data dir gone) must not stop the cleanup.
+        if (load_state 2>/dev/null); then
+            load_state
+            if server_is_running; then
+                stop_server_if_running
+                say "stopped the server on port $port"
+            fi
+        fi
+        local extra
+        extra=$(sed -n 's/^runtime_dir=//p' "$state_dir/state")
+        if [[ -n "$extra" && -d "$extra" && -e "$extra/$marker_name" ]]; then
+            rm -rf -- "$extra"
+        fi
+    fi
+    remove_state_dir
+}
+
+cmd_start() {
+    # An earlier run that was aborted leaves its state behind: clear it first.
+    if [[ -e "$state_dir" ]]; then
+        [[ -d "$state_dir" ]] || die "$state_dir exists and is not a directory"
+        if [[ -e "$state_dir/$marker_name" ]]; then
+            say "clearing stale state in $state_dir"
+            cmd_stop
+        elif [[ -n "$(ls -A "$state_dir")" ]]; then
+            die "$state_dir is not empty and was not made by $program; give an empty or new directory"
+        fi
+    fi
+    mkdir -p "$state_dir"
+    state_dir=$(absolute_dir "$state_dir")
+    touch "$state_dir/$marker_name"
+
+    if [[ -n "${BULKHEAD_TEST_DATABASE:-}" ]]; then
+        write_conninfo "$BULKHEAD_TEST_DATABASE"
+        touch "$state_dir/external"
+        say "using BULKHEAD_TEST_DATABASE, no server started: $(printf '%s' "$BULKHEAD_TEST_DATABASE" | mask_password)"
+        return 0
+    fi
+
+    bindir=$(find_bindir)
+    server_user=$(server_user_for_new_cluster)
+
+    # Where the server's files go. As root, the server runs as `postgres`, which
+    # must reach them; if it cannot reach STATE_DIR (say, a checkout under
+    # /root), they go to a directory under /tmp that STATE_DIR points at.
+    local server_root=$state_dir
+    runtime_dir=""
+    if [[ "$server_user" != "$(id -un)" ]]; then
+        chmod 0755 "$state_dir"
+        if ! (cd / && runuser -u "$server_user" -- test -x "$state_dir"); then
+            runtime_dir=$(mktemp -d /tmp/bulkhead-pg.XXXXXXXX)
+            touch "$runtime_dir/$marker_name"
+            server_root=$runtime_dir
+            say "user $server_user cannot reach $state_dir; keeping the server's files in $runtime_dir"
+        fi
+    fi
+    # A Unix socket path is limited to 107 bytes: use a short directory if needed.
+    socket_dir="$server_root/socket"
+    if ((${#socket_dir} + 16 > 100)); then
+        if [[ -z "$runtime_dir" ]]; then
+            runtime_dir=$(mktemp -d /tmp/bulkhead-pg.XXXXXXXX)
+            touch "$runtime_dir/$marker_name"
+        fi
+        socket_dir="$runtime_dir/socket"
+    fi
+    data_dir="$server_root/data"
+    log_file="$server_root/server.log"
+    mkdir -p "$data_dir" "$socket_dir"
+    : >"$log_file"
+    if [[ "$server_root" != "$state_dir" ]]; then
+        ln -s "$data_dir" "$state_dir/data"
+        ln -s "$log_file" "$state_dir/server.log"
+    fi
+    chmod 0700 "$data_dir"
+    if [[ "$server_user" != "$(id -un)" ]]; then
+        [[ -n "$runtime_dir" ]] && chmod 0755 "$runtime_dir"
+        chown "$server_user": "$data_dir" "$socket_dir" "$log_file"
+    fi
+    port=0
+    write_state
+
+    say "creating a cluster in $data_dir (PostgreSQL $("$bindir/postgres" --version | sed -E 's/^[^0-9]*([0-9.]+).*/\1/'), user $server_user)"
+    if ! as_server_user "$bindir/initdb" -D "$data_dir" --username=postgres --auth-local=trust \
+        --auth-host=scram-sha-256 --encoding=UTF8 --locale=C --no-sync >"$state_dir/initdb.log" 2>&1; then
+        cat "$state_dir/initdb.log" >&2
+        die "initdb failed"
+    fi
+    printf "\ninclude 'throwaway.conf'\n" | as_server_user tee -a "$data_dir/postgresql.conf" >/dev/null
+
+    trap stop_if_start_failed EXIT
+    local attempt status
+    for ((attempt = 1; attempt <= start_attempts; attempt++)); do
+        port=$(pick_free_port)
+        write_server_conf
+        write_state
+        status=0
+        start_server_once || status=$?
+        if ((status == 0)); then
+            started_server=1
+            break
+        elif ((status == 3 && attempt < start_attempts)); then
+            say "port $port was taken before the server could bind it; trying another"
+        else
+            tail_log
+            die "the server did not start (log: $log_file)"
+        fi
+    done
+    wait_until_ready
+
+    local password
+    password=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+    # The password goes through stdin, never through a command line.
+    local psql_output
+    if ! psql_output=$("$bindir/psql" -X -q -v ON_ERROR_STOP=1 -h "$socket_dir" -p "$port" \
+        -U postgres -d postgres 2>&1 <<EOF
+CREATE ROLE bulkhead LOGIN SUPERUSER PASSWORD '$password';
+CREATE DATABASE bulkhead OWNER bulkhead;
+EOF
+    ); then
+        printf '%s\n' "$psql_output" | mask_password >&2
+        tail_log
+        die "could not create the bulkhead role and database"
+    fi
+
+    local conninfo="host=127.0.0.1 port=$port dbname=bulkhead user=bulkhead password=$password connect_timeout=5"
+    write_conninfo "$conninfo"
+    started_server=0
+    printf '%s\n' "$conninfo" | mask_password
+}
+
+cmd_stop_server() {
+    [[ -e "$state_dir/external" ]] && return 0
+    load_state
+    if ! server_is_running; then
+        say "the server on port $port is not running"
+        return 0
+    fi
+    stop_server_if_running
+    say "stopped the server on port $port (data kept)"
+}
+
+cmd_start_server() {
+    [[ -e "$state_dir/external" ]] && return 0
+    load_state
+    if server_is_running; then
+        say "the server on port $port is already running"
+        return 0
+    fi
+    local status=0
+    start_server_once || status=$?
+    if ((status == 3)); then
+        die "port $port is now taken by another process; cannot restart on the same port"
+    elif ((status != 0)); then
+        tail_log
+        die "the server did not start (log: $log_file)"
+    fi
+    wait_until_ready
+    say "started the server on port $port"
+}
+
+cmd_env() {
+    [[ -f "$state_dir/env" ]] || die "$state_dir has no env file; run '$program start $state_dir' first"
+    cat "$state_dir/env"
+}
+
+main() {
+    (($# == 2)) || usage
+    local command=$1
+    state_dir=$2
+    [[ -n "$state_dir" ]] || usage
+    case "$command" in
+        start) cmd_start ;;
+        stop) cmd_stop ;;
+        stop-server) cmd_stop_server ;;
+        start-server) cmd_start_server ;;
+        env) cmd_env ;;
+        *) usage ;;
+    esac
+}
+
+# Set by the subcommands; declared here so that every function sees them.
+script_path=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)/$(basename "${BASH_SOURCE[0]}")
+readonly script_path
+state_dir="" bindir="" port="" data_dir="" socket_dir="" log_file="" runtime_dir="" server_user=""
+started_server=0
+
+main "$@"

@@ -1,0 +1,31 @@
+// Small helpers shared by the unit and [pg] tests.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+namespace bulkhead_test {
+
+/// Spins (yielding) until `done()` holds, for ordering threads by an observable
+/// state instead of a sleep; fails the test after 10 s.
+template <class Predicate>
+void await(Predicate done) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!done()) {
+        REQUIRE(std::chrono::steady_clock::now() < give_up);
+        std::this_thread::yield();
+    }
+}
+
+/// Raises `most` to `value` if it is larger (a lock-free running maximum).
+template <class T>
+void raise_max(std::atomic<T>& most, T value) noexcept {
+    T seen = most.load();
+    while (value > seen && !most.compare_exchange_weak(seen, value)) {
+    }
+}
+
+}  // namespace bulkhead_test
