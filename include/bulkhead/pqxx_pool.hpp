@@ -108,7 +108,8 @@ struct pqxx_pool_options {
     /// libpq connection string: keyword/value ("host=db user=app") or URI
     /// ("postgresql://app@db/app"). Must not be empty.
     std::string conninfo;
-    /// Most connections open (or being opened) at once. At least 1.
+    /// Most connections open (or being opened) at once. In [1, 262143]
+    /// (PostgreSQL's own limit for max_connections).
     std::size_t max_size = 10;
     /// Connections opened by the constructor, and kept open when idle
     /// connections are retired for idle_timeout. At most max_size.
@@ -124,8 +125,8 @@ struct pqxx_pool_options {
     /// A connection older than this is closed when next seen by the pool.
     /// Zero: never.
     std::chrono::milliseconds max_lifetime{1800000};
-    /// An idle connection idle for longer than this is checked before it is
-    /// handed out.
+    /// An idle connection idle for longer than this is checked (one round
+    /// trip) before it is handed out. Zero: every time.
     std::chrono::milliseconds validate_after_idle{500};
     /// Sent as libpq's application_name (it overrides one in conninfo); shows
     /// in pg_stat_activity. Empty: leave it to conninfo and the environment.
@@ -144,12 +145,12 @@ enum class isolation : std::uint8_t {
 /// message) with every password value replaced by `***`: values of keywords
 /// ending in "password" (`password`, `sslpassword`; quoted or not, with
 /// backslash escapes), the password in a URI's user information
-/// (`postgresql://user:secret@host`) and URI parameters ending in "password".
-/// Everything else is kept as is.
+/// (`postgresql://user:secret@host`), URI parameters ending in "password",
+/// and SQL's `PASSWORD '...'`. Everything else is kept as is.
 /// \throws std::bad_alloc only.
 /// \note Best effort on malformed text: a quoted value that never closes is
 /// redacted up to the end of the text.
-[[nodiscard]] std::string redact_conninfo(std::string_view conninfo);
+[[nodiscard]] inline std::string redact_conninfo(std::string_view conninfo);
 
 // ---------------------------------------------------------------------------
 // Internals: conninfo handling
@@ -227,7 +228,7 @@ inline constexpr std::string_view redacted = "***";
     std::string decoded;
     decoded.reserve(text.size());
     for (std::size_t i = 0; i < text.size(); ++i) {
-        if (text[i] == '%' && i + 2 < text.size() + 0 && i + 2 <= text.size() - 1 + 0) {
+        if (text[i] == '%' && i + 2 < text.size()) {
             const int high = hex_value(text[i + 1]);
             const int low = hex_value(text[i + 2]);
             if (high >= 0 && low >= 0) {
@@ -252,8 +253,8 @@ inline constexpr std::string_view redacted = "***";
         } else {
             const auto byte = static_cast<unsigned char>(c);
             encoded += '%';
-            encoded += hex[byte >> 4U];
-            encoded += hex[byte & 0x0FU];
+            encoded += hex[static_cast<std::size_t>(byte >> 4U)];
+            encoded += hex[static_cast<std::size_t>(byte & 0x0FU)];
         }
     }
     return encoded;
@@ -476,7 +477,7 @@ void scan_conninfo(std::string_view text, Visit visit) {
 
 /// `now + duration`, or time_point::max() when that does not fit.
 [[nodiscard]] inline std::chrono::steady_clock::time_point saturating_add(std::chrono::steady_clock::time_point now,
-                                                                         std::chrono::milliseconds duration) noexcept {
+                                                                          std::chrono::milliseconds duration) noexcept {
     using std::chrono::steady_clock;
     if (duration > std::chrono::duration_cast<std::chrono::milliseconds>(steady_clock::time_point::max() - now)) {
         return steady_clock::time_point::max();
@@ -527,7 +528,8 @@ struct connect_target {
     if (!target.add_connect_timeout) {
         return target.base;
     }
-    const auto seconds = std::max<std::int64_t>(2, std::chrono::ceil<std::chrono::seconds>(remaining).count());
+    const auto seconds =
+        std::clamp<std::int64_t>(std::chrono::ceil<std::chrono::seconds>(remaining).count(), 2, INT_MAX);
     std::string info = target.base;
     if (target.uri) {
         info += info.find('?') == std::string::npos ? '?' : '&';
@@ -540,9 +542,7 @@ struct connect_target {
 
 /// Throws std::invalid_argument naming the field, unless the options are valid.
 inline void check_options(const pqxx_pool_options& options) {
-    const auto fail = [](const std::string& what) {
-        throw std::invalid_argument("bulkhead::pqxx_pool: " + what);
-    };
+    const auto fail = [](const std::string& what) { throw std::invalid_argument("bulkhead::pqxx_pool: " + what); };
     if (options.conninfo.empty()) {
         fail("conninfo must not be empty");
     }
@@ -550,8 +550,7 @@ inline void check_options(const pqxx_pool_options& options) {
         fail("conninfo must not contain a NUL character");
     }
     if (options.max_size < 1 || options.max_size > max_pool_size) {
-        fail("max_size must be in [1, " + std::to_string(max_pool_size) + "], got " +
-             std::to_string(options.max_size));
+        fail("max_size must be in [1, " + std::to_string(max_pool_size) + "], got " + std::to_string(options.max_size));
     }
     if (options.min_idle > options.max_size) {
         fail("min_idle must not exceed max_size (" + std::to_string(options.max_size) + "), got " +
@@ -559,8 +558,8 @@ inline void check_options(const pqxx_pool_options& options) {
     }
     const auto at_least = [&](std::string_view field, std::chrono::milliseconds value, std::int64_t minimum) {
         if (value.count() < minimum) {
-            fail(std::string(field) + (minimum == 0 ? " must not be negative" : " must be at least " +
-                                                                                   std::to_string(minimum) + " ms") +
+            fail(std::string(field) +
+                 (minimum == 0 ? " must not be negative" : " must be at least " + std::to_string(minimum) + " ms") +
                  ", got " + std::to_string(value.count()) + " ms");
         }
     };
@@ -701,7 +700,6 @@ public:
     ~retired_connections() = default;  // closes them (pqxx's destructors do not throw)
 
     [[nodiscard]] bool full() const noexcept { return m_count == capacity; }
-    [[nodiscard]] bool empty() const noexcept { return m_count == 0; }
     void add(std::unique_ptr<pooled_connection> connection) noexcept {
         assert(!full());
         m_slots[m_count++] = std::move(connection);
@@ -810,7 +808,8 @@ namespace pqxx_compat {
 class gate_transaction final : public pqxx::dbtransaction {
 public:
     gate_transaction(pqxx::connection& connection, transaction_control control)
-        : pqxx::internal::namedclass("gate_transaction"), pqxx::dbtransaction(connection),
+        : pqxx::internal::namedclass("gate_transaction"),
+          pqxx::dbtransaction(connection),
           m_control(std::move(control)) {
         try {
             Begin();  // libpqxx calls do_begin(), and End() itself when that fails
@@ -907,21 +906,27 @@ inline void transaction_control::on_commit(gate_transaction& tx) {
                         "unknown: ") +
             cause.what());
     };
-    pqxx::result outcome;
+    // COMMIT of a transaction in which a statement failed (an error the
+    // callback caught) rolls back and reports success. The SELECT in front
+    // fails in exactly that state, with SQLSTATE 25P02, and COMMIT is then not
+    // run: still one round trip, and nothing is reported as committed that
+    // was not. libpqxx 6 does not expose the command tag that would tell.
     try {
-        outcome = tx.run("COMMIT");
+        (void)tx.run("SELECT 1; COMMIT");
     } catch (const pqxx::in_doubt_error&) {
         in_doubt = true;
         throw;
     } catch (const pqxx::statement_completion_unknown& unknown) {
         in_doubt = true;
         throw lost(unknown);
-    } catch (const pqxx::sql_error&) {
+    } catch (const pqxx::sql_error& error) {
         if (!tx.conn().is_open()) {
             in_doubt = true;
-            throw;
+            throw lost(error);
         }
-        backend_open = false;  // the server answered: a failed COMMIT ends the transaction
+        // The server answered. A failed COMMIT ends the transaction; a failed
+        // SELECT (25P02) leaves it open, for rollback().
+        backend_open = error.sqlstate() == "25P02";
         throw;
     } catch (const std::exception& failure) {
         if (!tx.conn().is_open()) {
@@ -931,15 +936,6 @@ inline void transaction_control::on_commit(gate_transaction& tx) {
         throw;  // not sent (a client-side error): the transaction is still open
     }
     backend_open = false;
-    const char* status = outcome.cmd_status();
-    if (status != nullptr && std::string_view(status) == "ROLLBACK") {
-        // COMMIT of a transaction in which a statement had failed (and the
-        // callback caught the error) rolls back without an error.
-        throw pqxx::sql_error(
-            "bulkhead: COMMIT rolled the transaction back: a statement in it had failed and the callback "
-            "caught the error",
-            "COMMIT", "25P02");
-    }
 }
 
 inline void transaction_control::on_abort(gate_transaction& tx) {
@@ -965,9 +961,7 @@ inline void transaction_control::on_abort(gate_transaction& tx) {
 /// Sets transaction_control::permitted for one call.
 class permitted_scope {
 public:
-    explicit permitted_scope(transaction_control& control) noexcept : m_control(control) {
-        m_control.permitted = true;
-    }
+    explicit permitted_scope(transaction_control& control) noexcept : m_control(control) { m_control.permitted = true; }
     permitted_scope(const permitted_scope&) = delete;
     permitted_scope& operator=(const permitted_scope&) = delete;
     ~permitted_scope() { m_control.permitted = false; }
@@ -1009,10 +1003,17 @@ template <class Options>
 std::string begin_statement(const Options& options) {
     std::string statement = "BEGIN ISOLATION LEVEL ";
     switch (options.isolation_level) {
-        case isolation::read_committed: statement += "READ COMMITTED"; break;
-        case isolation::repeatable_read: statement += "REPEATABLE READ"; break;
-        case isolation::serializable: statement += "SERIALIZABLE"; break;
-        default: throw std::invalid_argument("bulkhead::pqxx_pool: isolation_level is not a bulkhead::isolation");
+        case isolation::read_committed:
+            statement += "READ COMMITTED";
+            break;
+        case isolation::repeatable_read:
+            statement += "REPEATABLE READ";
+            break;
+        case isolation::serializable:
+            statement += "SERIALIZABLE";
+            break;
+        default:
+            throw std::invalid_argument("bulkhead::pqxx_pool: isolation_level is not a bulkhead::isolation");
     }
     statement += options.read_only ? " READ ONLY" : " READ WRITE";
     const auto set_local = [&](std::string_view name, const std::optional<std::chrono::milliseconds>& value) {
@@ -1031,11 +1032,14 @@ std::string begin_statement(const Options& options) {
     return statement;
 }
 
-/// One round trip, bounded by `deadline`: true when the connection answers
-/// and its session is outside any transaction block. The query starts a
-/// transaction of its own exactly when none is open, and then its
-/// transaction and statement start times are the same value. On a timeout
-/// the connection is closed (the answer may still come; nobody may read it).
+/// One round trip: true when the connection answers and its session is
+/// outside any transaction block. The query starts a transaction of its own
+/// exactly when none is open, and then its transaction and statement start
+/// times are the same value. The wait for the answer to start arriving is
+/// bounded by `deadline` (a server that is gone, stopped or cut off by the
+/// network); on a timeout the connection is closed, since the answer may still
+/// come and nobody may read it. libpqxx offers no non-blocking way to finish
+/// reading an answer that has started to arrive.
 inline bool check_idle_session(pqxx::connection& connection, std::chrono::steady_clock::time_point deadline) noexcept {
     try {
         if (!connection.is_open()) {
@@ -1256,8 +1260,8 @@ private:
         bool freed = false;
         for (std::size_t index = 0; index < m_idle.size() && !retired.full();) {
             const pooled_connection& candidate = *m_idle[index];
-            const bool too_old = m_options.max_lifetime.count() > 0 &&
-                                 elapsed_ms(candidate.opened_at, now) >= m_options.max_lifetime;
+            const bool too_old =
+                m_options.max_lifetime.count() > 0 && elapsed_ms(candidate.opened_at, now) >= m_options.max_lifetime;
             const bool idle_too_long = m_options.idle_timeout.count() > 0 &&
                                        elapsed_ms(candidate.idle_since, now) >= m_options.idle_timeout &&
                                        load(m_size) > m_options.min_idle;
@@ -1391,7 +1395,9 @@ private:
         if (m_options.max_lifetime.count() > 0 && elapsed_ms(connection.opened_at, now) >= m_options.max_lifetime) {
             return false;
         }
-        if (elapsed_ms(connection.idle_since, now) > m_options.validate_after_idle) {
+        // Rounded up: with validate_after_idle = 0 every connection that was
+        // idle at all is checked.
+        if (std::chrono::ceil<std::chrono::milliseconds>(now - connection.idle_since) > m_options.validate_after_idle) {
             return check_idle_session(*connection.connection, saturating_add(now, m_options.validation_timeout));
         }
         return true;
@@ -1412,17 +1418,17 @@ private:
         return true;
     }
 
-    const pqxx_pool_options m_options;        // immutable after construction
-    const connect_target m_target;            // immutable after construction
+    const pqxx_pool_options m_options;         // immutable after construction
+    const connect_target m_target;             // immutable after construction
     const std::vector<std::string> m_secrets;  // immutable after construction: passwords to scrub
 
     mutable std::mutex m_mutex;
-    std::vector<std::unique_ptr<pooled_connection>> m_idle;  // guarded by m_mutex; most recently returned last
-    pool_wait_queue m_queue;                                 // guarded by m_mutex
-    bool m_closed = false;                                   // guarded by m_mutex; the pool object is gone
-    clock::time_point m_retry_at = clock::time_point::min();  // guarded by m_mutex; no new attempt before
-    clock::duration m_backoff = clock::duration::zero();      // guarded by m_mutex; after the last failure
-    std::string m_last_error;                                 // guarded by m_mutex; scrubbed
+    std::vector<std::unique_ptr<pooled_connection>> m_idle;        // guarded by m_mutex; most recently returned last
+    pool_wait_queue m_queue;                                       // guarded by m_mutex
+    bool m_closed = false;                                         // guarded by m_mutex; the pool object is gone
+    clock::time_point m_retry_at = clock::time_point::min();       // guarded by m_mutex; no new attempt before
+    clock::duration m_backoff = clock::duration::zero();           // guarded by m_mutex; after the last failure
+    std::string m_last_error;                                      // guarded by m_mutex; scrubbed
     clock::time_point m_last_error_at = clock::time_point::min();  // guarded by m_mutex
 
     // Written only under m_mutex; read there, or relaxed by the observers.
@@ -1527,8 +1533,8 @@ public:
         lease(std::shared_ptr<detail::pool_core> core, std::unique_ptr<detail::pooled_connection> connection) noexcept
             : m_core(std::move(core)), m_connection(std::move(connection)) {}
 
-        std::shared_ptr<detail::pool_core> m_core;                  // keeps the pool's state alive
-        std::unique_ptr<detail::pooled_connection> m_connection;   // null when empty
+        std::shared_ptr<detail::pool_core> m_core;                // keeps the pool's state alive
+        std::unique_ptr<detail::pooled_connection> m_connection;  // null when empty
     };
 
     /// Creates a pool; opens min_idle connections (best effort: a server that
@@ -1538,10 +1544,7 @@ public:
     ///         option is out of range (max_size < 1, min_idle > max_size,
     ///         connection_timeout or validation_timeout below 250 ms, negative
     ///         durations, empty conninfo). Nothing is opened then.
-    explicit pqxx_pool(pqxx_pool_options options)
-        : m_core((detail::check_options(options), std::make_shared<detail::pool_core>(std::move(options)))) {
-        m_core->open_min_idle();
-    }
+    explicit pqxx_pool(pqxx_pool_options options) : m_core(make_core(std::move(options))) { m_core->open_min_idle(); }
 
     pqxx_pool(const pqxx_pool&) = delete;
     pqxx_pool& operator=(const pqxx_pool&) = delete;
@@ -1583,8 +1586,10 @@ public:
     /// \throws std::logic_error when the callback had called commit() or
     ///         abort() itself (refused: nothing is committed); pqxx::in_doubt_error
     ///         when the connection was lost during COMMIT; pqxx::sql_error from
-    ///         the server, or with SQLSTATE 25P02 when a statement of the
-    ///         transaction had failed (the server rolled back).
+    ///         the server (a failed COMMIT ends the transaction), or with
+    ///         SQLSTATE 25P02 when a statement of the transaction had failed
+    ///         and its error was caught (COMMIT is then not sent; rollback()
+    ///         ends the transaction).
     void commit(lease& held, transaction& tx) {
         (void)leased(held);
         detail::transaction_control::commit(checked(tx));
@@ -1628,6 +1633,11 @@ private:
         return *held.m_connection;
     }
 
+    static std::shared_ptr<detail::pool_core> make_core(pqxx_pool_options options) {
+        detail::check_options(options);  // before anything is built
+        return std::make_shared<detail::pool_core>(std::move(options));
+    }
+
     static detail::gate_transaction& checked(transaction& tx) {
         if (!tx) {
             throw std::logic_error("bulkhead::pqxx_pool: no transaction");
@@ -1639,6 +1649,7 @@ private:
 };
 
 static_assert(transactional_pool<pqxx_pool>);
-static_assert(std::is_nothrow_move_constructible_v<pqxx_pool::lease> && !std::is_copy_constructible_v<pqxx_pool::lease>);
+static_assert(std::is_nothrow_move_constructible_v<pqxx_pool::lease> &&
+              !std::is_copy_constructible_v<pqxx_pool::lease>);
 
 }  // namespace bulkhead

@@ -209,7 +209,7 @@ TEST_CASE("[B10] statements in one callback see one now() and one transaction id
     gate_t gate(pool, 1, 0);
     gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
         tx.exec0("INSERT INTO " + table.name() + " VALUES (1, now(), txid_current())");
-        tx.exec0("SELECT pg_sleep(0.02)");
+        tx.exec("SELECT pg_sleep(0.02)");
         tx.exec0("INSERT INTO " + table.name() + " VALUES (2, now(), txid_current())");
     });
     auto other = outside_connection();

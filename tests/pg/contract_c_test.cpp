@@ -30,7 +30,7 @@ TEST_CASE("[C1] a server-side statement timeout fails with 57014, rolls back and
         gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
             tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
             tx.exec0("SET LOCAL statement_timeout = '100ms'");
-            tx.exec0("SELECT pg_sleep(2)");
+            tx.exec("SELECT pg_sleep(2)");
         });
     });
     CHECK(state == "57014");
@@ -260,7 +260,7 @@ TEST_CASE("[C9] after 1,000 calls failing in every way, mixed, the gate and the 
                                 case 1: tx.exec1("SELECT 1/0"); break;
                                 case 2:
                                     tx.exec0("SET LOCAL statement_timeout = '5ms'");
-                                    tx.exec0("SELECT pg_sleep(0.05)");
+                                    tx.exec("SELECT pg_sleep(0.05)");
                                     break;
                                 case 3: tx.exec0("INSERT INTO " + child.name() + "(parent) VALUES (-1)"); break;
                                 case 4: tx.commit(); break;
@@ -319,7 +319,7 @@ TEST_CASE("[C10] server-side concurrency through one gate never exceeds B under 
         threads.emplace_back([&] {
             for (int i = 0; i < 5; ++i) {
                 auto outcome = gate.try_transaction(10s, [](pqxx::dbtransaction& tx) {
-                    tx.exec0("SELECT pg_sleep(0.01)");
+                    tx.exec("SELECT pg_sleep(0.01)");
                 });
                 if (outcome) {
                     ++completed;
