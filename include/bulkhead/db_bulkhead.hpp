@@ -96,6 +96,33 @@ template <class Pool>
 concept transactional_pool = pool_names_its_types<Pool> && pool_acquires_leases<Pool> &&
                              pool_runs_transactions<Pool> && pool_discards_connections<Pool>;
 
+// Optional extensions. A pool that offers them gets more from the gate; one
+// that does not still works.
+
+/// `transaction_options::deadline` (a steady_clock time point): the gate sets
+/// it to the call's deadline, so the pool can bound the work itself (the
+/// libpqxx pool sets statement_timeout to the time left).
+template <class Pool>
+concept pool_takes_deadlines = requires(typename Pool::transaction_options& options) {
+    options.deadline = std::chrono::steady_clock::time_point{};
+};
+
+/// `pool.cancel(lease)`: asks the server to cancel the statement running on
+/// the leased connection. Called from the thread that requests a stop, while
+/// another thread works on the connection; must be safe for that, and noexcept.
+template <class Pool>
+concept pool_cancels_work = requires(Pool& pool, typename Pool::lease& lease) {
+    { pool.cancel(lease) } noexcept;
+};
+
+/// `pool.failed_by_deadline(tx)`: called inside a catch handler for a failure
+/// of the callback; true when the current exception is the server cutting
+/// the work short because of the deadline passed in transaction_options.
+template <class Pool>
+concept pool_reports_deadlines = requires(Pool& pool, typename Pool::transaction& tx) {
+    { pool.failed_by_deadline(tx) } noexcept -> std::same_as<bool>;
+};
+
 namespace detail {
 
 /// Checks the Pool concept one part at a time, so that a type that does not
@@ -235,6 +262,9 @@ public:
             m_on_rollback_failure(std::current_exception());
         }
     }
+
+    /// The pool's transaction handle.
+    [[nodiscard]] transaction_type& handle() noexcept { return m_transaction; }
 
     /// True until commit() succeeded or rollback() ran.
     [[nodiscard]] bool open() const noexcept { return m_open; }
@@ -437,16 +467,20 @@ public:
         if (!held) {
             return held.error();
         }
+        bool started = false;
         try {
             if constexpr (std::is_void_v<work_result_t<Work>>) {
-                run(*held, call, std::forward<Work>(work));
+                run(*held, call, std::forward<Work>(work), &started);
                 return {};
             } else {
-                return run(*held, call, std::forward<Work>(work));
+                return run(*held, call, std::forward<Work>(work), &started);
             }
         } catch (const rejected& rejection) {
-            // Only the stages before the callback throw rejected (the pool
-            // wait, a stop or deadline seen after the permit): report it.
+            if (started) {
+                throw;  // from the callback itself (another gate, say): not ours to report
+            }
+            // The stages before the callback (the pool wait, a stop or a
+            // deadline seen after the permit) said no.
             return rejection.reason();
         }
     }
@@ -562,7 +596,7 @@ private:
     /// Stages 3 and 4 for a call that holds `held`. The permit is released
     /// by the caller's frame, after every local here has been destroyed.
     template <class Work>
-    work_result_t<Work> run(permit& held, const options& call, Work&& work) {
+    work_result_t<Work> run(permit& held, const options& call, Work&& work, bool* started = nullptr) {
         (void)held;
         // Seen after the permit was granted, but before the pool is touched:
         // still "the work never started".
@@ -573,16 +607,79 @@ private:
             throw_refusal(reject_reason::deadline_exceeded);
         }
         typename Pool::lease lease = acquire_lease(call.deadline);
-        // Destroyed in reverse order: the guard rolls back (unless committed),
-        // then the lease returns the connection, then the caller's permit.
-        transaction_guard<Pool> guard(*m_pool, lease, call.transaction, rollback_hook());
+        if constexpr (pool_takes_deadlines<Pool>) {
+            if (call.deadline != clock::time_point::max()) {
+                transaction_options settings = call.transaction;
+                settings.deadline = call.deadline;
+                return work_on(lease, settings, call, std::forward<Work>(work), started);
+            }
+        }
+        return work_on(lease, call.transaction, call, std::forward<Work>(work), started);
+    }
+
+    /// Stage 4 on a leased connection. Destroyed in reverse order on every
+    /// exit: the guard rolls back (unless committed), then, in run()'s frame,
+    /// the lease returns the connection, then the caller's permit is released.
+    template <class Work>
+    work_result_t<Work> work_on(typename Pool::lease& lease, const transaction_options& settings,
+                                const options& call, Work&& work, bool* started) {
+        transaction_guard<Pool> guard(*m_pool, lease, settings, rollback_hook());
+        if (started != nullptr) {
+            *started = true;
+        }
         if constexpr (std::is_void_v<work_result_t<Work>>) {
-            std::invoke(std::forward<Work>(work), guard.work());
+            run_callback(lease, guard, call, std::forward<Work>(work));
+            refuse_commit_if_stopped(call);
             guard.commit();
         } else {
-            work_result_t<Work> value = std::invoke(std::forward<Work>(work), guard.work());
+            work_result_t<Work> value = run_callback(lease, guard, call, std::forward<Work>(work));
+            refuse_commit_if_stopped(call);
             guard.commit();
             return value;
+        }
+    }
+
+    /// Runs the callback. While it runs, a stop request asks the pool to
+    /// cancel the statement in progress on the server (when the pool can);
+    /// the permits stay with this thread until everything has unwound.
+    template <class Work>
+    work_result_t<Work> run_callback(typename Pool::lease& lease, transaction_guard<Pool>& guard,
+                                     const options& call, Work&& work) {
+        try {
+            if constexpr (pool_cancels_work<Pool>) {
+                // Deregistered (waiting for a cancel in flight) before the
+                // transaction is committed or rolled back.
+                const std::stop_callback cancel_on_stop(call.stop, [this, &lease]() noexcept { m_pool->cancel(lease); });
+                return std::invoke(std::forward<Work>(work), guard.work());
+            } else {
+                return std::invoke(std::forward<Work>(work), guard.work());
+            }
+        } catch (...) {
+            explain_failure(guard, call);
+            throw;
+        }
+    }
+
+    /// Inside a catch handler: a failure caused by a stop request or by the
+    /// call's deadline is reported as such, with the original nested;
+    /// anything else propagates unchanged (returns).
+    void explain_failure(transaction_guard<Pool>& guard, const options& call) {
+        if (call.stop.stop_requested()) {
+            std::throw_with_nested(work_cancelled());
+        }
+        if constexpr (pool_reports_deadlines<Pool>) {
+            if (call.deadline != clock::time_point::max() && m_pool->failed_by_deadline(guard.handle())) {
+                std::throw_with_nested(work_deadline_exceeded());
+            }
+        }
+        (void)guard;
+    }
+
+    /// A stop requested while the work ran cancels the work, even when the
+    /// callback finished: nothing is committed.
+    static void refuse_commit_if_stopped(const options& call) {
+        if (call.stop.stop_requested()) {
+            throw work_cancelled();
         }
     }
 

@@ -7,6 +7,12 @@
 // is reported with the standard std::logic_error family instead
 // (std::invalid_argument for bad arguments).
 //
+// Three exceptions mean the work did start: work_cancelled (a stop request
+// reached the running work), work_deadline_exceeded (the deadline cut it
+// short) and commit_unknown (the connection was lost during COMMIT and the
+// outcome could not be read back). Neither of the first two committed
+// anything; commit_unknown may have.
+//
 // reject_reason names the same outcomes as values, for the non-throwing entry
 // points (try_enter, try_transaction), which report a rejection without
 // paying for an exception.
@@ -89,6 +95,33 @@ class deadline_exceeded : public rejected {
 public:
     explicit deadline_exceeded(const std::string& what = "db deadline exceeded before the work started")
         : rejected(reject_reason::deadline_exceeded, what) {}
+};
+
+/// The work started and was cancelled by a stop request: the gate asked the
+/// server to cancel the running statement and rolled back. Not a `rejected`:
+/// the work did start (nothing of it was committed). The exception that the
+/// cancelled statement raised is nested (std::rethrow_if_nested).
+class work_cancelled : public std::runtime_error {
+public:
+    work_cancelled() : std::runtime_error("db work cancelled by a stop request; rolled back") {}
+};
+
+/// The work started and ran into the call's deadline: the statement the
+/// server cut short (statement_timeout set from the deadline) is nested.
+/// Nothing was committed. Not a `rejected`: the work did start.
+class work_deadline_exceeded : public std::runtime_error {
+public:
+    work_deadline_exceeded() : std::runtime_error("db deadline exceeded while the work ran; rolled back") {}
+};
+
+/// The connection was lost during COMMIT and the outcome could not be
+/// established afterwards (the transaction's status could not be read). The
+/// write may or may not have happened: never retry it blindly; use an
+/// idempotency key or look the result up. The original failure is nested.
+class commit_unknown : public std::runtime_error {
+public:
+    explicit commit_unknown(const std::string& what = "db commit outcome unknown: the connection was lost during COMMIT")
+        : std::runtime_error(what) {}
 };
 
 /// Throws the exception of the `rejected` family that matches `reason`.

@@ -84,6 +84,8 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -775,7 +777,14 @@ struct transaction_control {
         "bulkhead: commit/rollback inside the gate's callback is refused; the gate commits after the callback returns";
 
     pooled_connection* owner = nullptr;  // the leased connection; outlives the transaction
-    std::string begin_statement;         // BEGIN ... [; SET LOCAL ...], integers only
+    std::string begin_statement;         // BEGIN ... [; SET LOCAL ...][; SELECT txid_current()], integers only
+    const connect_target* target = nullptr;       // to read a lost COMMIT's outcome; the lease keeps it alive
+    std::chrono::milliseconds settle_budget{0};   // how long reading that outcome may take
+    bool read_only = false;              // BEGIN ... READ ONLY: nothing can have been written
+    bool track_txid = false;             // the BEGIN statement ends with SELECT txid_current()
+    std::int64_t txid = -1;              // that txid, when tracked
+    bool timeout_from_deadline = false;       // statement_timeout was set from the call's deadline
+    bool lock_timeout_from_deadline = false;  // lock_timeout was set from the call's deadline
     bool permitted = false;              // set by pqxx_pool::commit/rollback around their call into libpqxx
     bool closing = false;                // the destructor is ending the transaction
     bool backend_open = false;           // BEGIN ran and no COMMIT/ROLLBACK has ended it
@@ -784,6 +793,12 @@ struct transaction_control {
     std::exception_ptr abort_failure;    // a ROLLBACK that failed inside libpqxx's abort()
 
     void on_begun() noexcept { backend_open = true; }
+    void on_begin_result(const pqxx::result& answer) {
+        if (track_txid) {
+            txid = answer.at(0).at(0).as<std::int64_t>();
+        }
+    }
+    void settle_lost_commit(const std::exception& cause);
     void on_begin_failed() noexcept { owner->discard = true; }
     void on_closed() noexcept {
         if (backend_open) {
@@ -829,13 +844,15 @@ public:
         m_control.on_closed();
     }
 
+    /// The pool's bookkeeping for this transaction (the pool's, not the callback's).
+    transaction_control& control() noexcept { return m_control; }
+
 private:
     friend struct detail::transaction_control;
 
-    transaction_control& control() noexcept { return m_control; }
     pqxx::result run(const std::string& statement) { return direct_exec(statement.c_str()); }
 
-    void do_begin() override { run(m_control.begin_statement); }
+    void do_begin() override { m_control.on_begin_result(run(m_control.begin_statement)); }
     // libpqxx 6's dbtransaction aborts on any failed statement; here the
     // gate decides, so a failure leaves the transaction for rollback().
     pqxx::result do_exec(const char query[]) override { return direct_exec(query); }
@@ -856,7 +873,7 @@ public:
         : pqxx::dbtransaction(connection), m_control(std::move(control)) {
         register_transaction();
         try {
-            run(m_control.begin_statement);
+            m_control.on_begin_result(run(m_control.begin_statement));
         } catch (...) {
             m_control.on_begin_failed();
             m_control.closing = true;
@@ -875,10 +892,12 @@ public:
         m_control.on_closed();
     }
 
+    /// The pool's bookkeeping for this transaction (the pool's, not the callback's).
+    transaction_control& control() noexcept { return m_control; }
+
 private:
     friend struct detail::transaction_control;
 
-    transaction_control& control() noexcept { return m_control; }
     pqxx::result run(const std::string& statement) { return direct_exec(statement); }
 
     void do_commit() override { m_control.on_commit(*this); }
@@ -900,12 +919,6 @@ inline void transaction_control::on_commit(gate_transaction& tx) {
         refused = true;
         throw std::logic_error(refusal);
     }
-    const auto lost = [](const std::exception& cause) {
-        return pqxx::in_doubt_error(
-            std::string("bulkhead: the connection was lost during COMMIT; whether the transaction committed is "
-                        "unknown: ") +
-            cause.what());
-    };
     // COMMIT of a transaction in which a statement failed (an error the
     // callback caught) rolls back and reports success. The SELECT in front
     // fails in exactly that state, with SQLSTATE 25P02, and COMMIT is then not
@@ -913,16 +926,16 @@ inline void transaction_control::on_commit(gate_transaction& tx) {
     // was not. libpqxx 6 does not expose the command tag that would tell.
     try {
         (void)tx.run("SELECT 1; COMMIT");
-    } catch (const pqxx::in_doubt_error&) {
-        in_doubt = true;
-        throw;
+    } catch (const pqxx::in_doubt_error& unknown) {
+        settle_lost_commit(unknown);
+        return;
     } catch (const pqxx::statement_completion_unknown& unknown) {
-        in_doubt = true;
-        throw lost(unknown);
+        settle_lost_commit(unknown);
+        return;
     } catch (const pqxx::sql_error& error) {
         if (!tx.conn().is_open()) {
-            in_doubt = true;
-            throw lost(error);
+            settle_lost_commit(error);
+            return;
         }
         // The server answered. A failed COMMIT ends the transaction; a failed
         // SELECT (25P02) leaves it open, for rollback().
@@ -930,12 +943,75 @@ inline void transaction_control::on_commit(gate_transaction& tx) {
         throw;
     } catch (const std::exception& failure) {
         if (!tx.conn().is_open()) {
-            in_doubt = true;
-            throw lost(failure);
+            settle_lost_commit(failure);
+            return;
         }
         throw;  // not sent (a client-side error): the transaction is still open
     }
     backend_open = false;
+}
+
+/// What txid_status() said about a transaction whose COMMIT was lost.
+enum class commit_status : std::uint8_t { committed, aborted, unknown };
+
+/// Asks the server, on a fresh connection, what became of transaction
+/// `txid`. Retries while the old backend is still finishing ("in progress")
+/// or the server cannot be reached, for at most `budget`.
+inline commit_status read_commit_status(const connect_target& target, std::int64_t txid,
+                                        std::chrono::milliseconds budget) noexcept {
+    using clock = std::chrono::steady_clock;
+    const auto until = clock::now() + budget;
+    for (auto pause = std::chrono::milliseconds(10);; pause = std::min(pause * 2, std::chrono::milliseconds(200))) {
+        try {
+            const auto connection = pqxx_compat::open_connection(connect_string(target, until - clock::now()));
+            pqxx::nontransaction query(*connection);
+            const pqxx::row status = query.exec1("SELECT txid_status(" + std::to_string(txid) + ")");
+            if (status[0].is_null()) {
+                return commit_status::unknown;  // wrapped around, or never assigned
+            }
+            const std::string said = status[0].as<std::string>();
+            if (said == "committed") {
+                return commit_status::committed;
+            }
+            if (said == "aborted") {
+                return commit_status::aborted;
+            }
+        } catch (...) {  // the server is unreachable for now: try again while the budget lasts
+        }
+        if (clock::now() + pause >= until) {
+            return commit_status::unknown;
+        }
+        std::this_thread::sleep_for(pause);
+    }
+}
+
+/// Called inside the catch handler for a COMMIT whose connection was lost.
+/// Returns (the COMMIT counts as done) when the server confirms the
+/// transaction committed; otherwise throws: pqxx::broken_connection when it
+/// confirms the rollback, or when nothing could have been written (read
+/// only); bulkhead::commit_unknown, with the original nested, when the
+/// outcome cannot be had.
+inline void transaction_control::settle_lost_commit(const std::exception& cause) {
+    in_doubt = true;
+    backend_open = false;  // the session is gone, and the transaction with it
+    owner->discard = true;
+    const std::string lost = std::string("bulkhead: the connection was lost during COMMIT: ") + cause.what();
+    if (read_only) {
+        throw pqxx::broken_connection(lost + " (a read-only transaction: nothing was written)");
+    }
+    if (!track_txid || target == nullptr) {
+        std::throw_with_nested(commit_unknown(lost + " (commit outcome tracking is off)"));
+    }
+    switch (read_commit_status(*target, txid, settle_budget)) {
+        case commit_status::committed:
+            in_doubt = false;
+            return;
+        case commit_status::aborted:
+            throw pqxx::broken_connection(lost + " (txid_status confirms the transaction was rolled back)");
+        case commit_status::unknown:
+            break;
+    }
+    std::throw_with_nested(commit_unknown(lost + " (txid_status could not be read)"));
 }
 
 inline void transaction_control::on_abort(gate_transaction& tx) {
@@ -1082,6 +1158,7 @@ public:
     ~pool_core() = default;  // only idle connections can be left: closed with m_idle
 
     [[nodiscard]] const pqxx_pool_options& options() const noexcept { return m_options; }
+    [[nodiscard]] const connect_target& target() const noexcept { return m_target; }
 
     /// Opens up to min_idle connections; stops at the first failure.
     void open_min_idle() {
@@ -1466,6 +1543,21 @@ public:
         /// SET LOCAL lock_timeout, in whole milliseconds; a lock wait that
         /// lasts longer fails with SQLSTATE 55P03. In [0, INT_MAX].
         std::optional<std::chrono::milliseconds> lock_timeout{};
+        /// The call's deadline (db_bulkhead sets it from its options). When
+        /// set, statement_timeout becomes the time left when the transaction
+        /// begins, if that is shorter; a statement the server cuts short for
+        /// it reaches the caller as bulkhead::work_deadline_exceeded.
+        clock::time_point deadline = clock::time_point::max();
+        /// With a deadline, bound lock waits by the time left as well
+        /// (lock_timeout), not only statements.
+        bool deadline_sets_lock_timeout = false;
+        /// Read-write transactions learn their transaction id with BEGIN (no
+        /// extra round trip) so that a COMMIT whose connection is lost can be
+        /// settled afterwards with txid_status(): the caller then gets the
+        /// value (it committed), the failure (it was rolled back), or
+        /// bulkhead::commit_unknown. Costs: every read-write transaction gets
+        /// a transaction id, even one that writes nothing.
+        bool resolve_commit_outcome = true;
     };
 
     /// The gate's transaction handle; `*tx` is what the callback receives,
@@ -1578,8 +1670,53 @@ public:
         detail::pooled_connection& connection = leased(held);
         detail::transaction_control control;
         control.owner = &connection;
-        control.begin_statement = detail::begin_statement(options);
+        control.target = &m_core->target();
+        control.settle_budget = m_core->options().connection_timeout;
+        control.read_only = options.read_only;
+        control.track_txid = options.resolve_commit_outcome && !options.read_only;
+        if (options.deadline == clock::time_point::max()) {
+            control.begin_statement = detail::begin_statement(options);
+        } else {
+            transaction_options bounded = options;
+            std::tie(control.timeout_from_deadline, control.lock_timeout_from_deadline) = bound_by_deadline(bounded);
+            control.begin_statement = detail::begin_statement(bounded);
+        }
+        if (control.track_txid) {
+            control.begin_statement += "; SELECT txid_current()";
+        }
         return std::make_unique<detail::gate_transaction>(*connection.connection, std::move(control));
+    }
+
+    /// Asks the server to cancel the statement running on the leased
+    /// connection (libpq's cancel request), from any thread; the statement
+    /// then fails with SQLSTATE 57014. Does nothing when none runs. Never
+    /// throws: a cancel that cannot be sent leaves the work to finish.
+    void cancel(lease& held) noexcept {
+        try {
+            if (held.m_connection && held.m_connection->connection) {
+                held.m_connection->connection->cancel_query();
+            }
+        } catch (...) {  // best effort by nature: the statement just runs on
+        }
+    }
+
+    /// Inside a catch handler for the callback's failure: true when it is the
+    /// server cutting a statement short (57014) under a statement_timeout, or
+    /// a lock wait (55P03) under a lock_timeout, that came from the call's
+    /// deadline.
+    [[nodiscard]] bool failed_by_deadline(transaction& tx) noexcept {
+        if (!tx) {
+            return false;
+        }
+        const detail::transaction_control& control = tx->control();
+        try {
+            throw;
+        } catch (const pqxx::sql_error& failure) {
+            return (control.timeout_from_deadline && failure.sqlstate() == "57014") ||
+                   (control.lock_timeout_from_deadline && failure.sqlstate() == "55P03");
+        } catch (...) {
+            return false;
+        }
     }
 
     /// Commits. A COMMIT that fails on the server leaves nothing committed.
@@ -1636,6 +1773,28 @@ private:
     static std::shared_ptr<detail::pool_core> make_core(pqxx_pool_options options) {
         detail::check_options(options);  // before anything is built
         return std::make_shared<detail::pool_core>(std::move(options));
+    }
+
+    /// Shortens the timeouts of `options` to the time left before its
+    /// deadline; returns whether statement_timeout and lock_timeout now come
+    /// from it.
+    /// \throws bulkhead::deadline_exceeded when no whole millisecond is left.
+    static std::pair<bool, bool> bound_by_deadline(transaction_options& options) {
+        const auto left = std::chrono::floor<std::chrono::milliseconds>(options.deadline - clock::now());
+        if (left < std::chrono::milliseconds(1)) {
+            throw deadline_exceeded("db deadline passed before the transaction began");
+        }
+        const auto shorten = [&](std::optional<std::chrono::milliseconds>& timeout) {
+            // 0 disables a timeout on the server: the deadline then applies.
+            if (!timeout || timeout->count() == 0 || left < *timeout) {
+                timeout = left;
+                return true;
+            }
+            return false;
+        };
+        const bool statement = shorten(options.statement_timeout);
+        const bool lock = options.deadline_sets_lock_timeout && shorten(options.lock_timeout);
+        return {statement, lock};
     }
 
     static detail::gate_transaction& checked(transaction& tx) {

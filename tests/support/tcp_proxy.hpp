@@ -3,7 +3,7 @@
 //
 // It forwards bytes both ways and parses the client's side of the protocol
 // (the untyped startup packets, then typed messages) so that it recognizes a
-// simple-query COMMIT. When armed it then either
+// simple query that ends with COMMIT. When armed it then either
 //   - drop_after_commit: forwards the COMMIT, swallows the server's answer and
 //     closes the client's socket once the answer arrived: the commit landed,
 //     the client never hears of it;
@@ -68,18 +68,18 @@ public:
         ::close(m_listener);
         m_acceptor.join();
         const std::lock_guard lock(m_mutex);
-        for (auto& link : m_links) {
-            link.close_both();
+        for (auto& each : m_links) {
+            each.close_both();
         }
-        for (auto& link : m_links) {
-            if (link.upstream_to_client.joinable()) {
-                link.upstream_to_client.join();
+        for (auto& each : m_links) {
+            if (each.upstream_to_client.joinable()) {
+                each.upstream_to_client.join();
             }
-            if (link.client_to_upstream.joinable()) {
-                link.client_to_upstream.join();
+            if (each.client_to_upstream.joinable()) {
+                each.client_to_upstream.join();
             }
-            ::close(link.client);
-            ::close(link.upstream);
+            ::close(each.client);
+            ::close(each.upstream);
         }
     }
 
@@ -87,6 +87,10 @@ public:
 
     /// Cuts the next COMMIT that passes through, in the given way.
     void arm(cut how) noexcept { m_armed.store(how); }
+
+    /// While set, new connections are accepted and closed at once (the
+    /// server looks unreachable through the proxy).
+    void refuse_new(bool refuse) noexcept { m_refusing.store(refuse); }
 
     /// How many times a cut happened.
     [[nodiscard]] int cuts() const noexcept { return m_cuts.load(); }
@@ -136,6 +140,10 @@ private:
         while (!m_stopping) {
             const int client = ::accept(m_listener, nullptr, nullptr);
             if (client < 0) {
+                continue;
+            }
+            if (m_refusing) {
+                ::close(client);
                 continue;
             }
             const int upstream = connect_upstream();
@@ -226,18 +234,25 @@ private:
         through.close_both();
     }
 
+    /// True for a simple query whose last statement is COMMIT ("COMMIT", or
+    /// the pool's "SELECT 1; COMMIT"); `size` counts the terminating NUL.
     static bool is_commit(const char* text, std::size_t size) noexcept {
+        std::size_t end = size;
+        while (end > 0 && (text[end - 1] == '\0' || text[end - 1] == ';' || text[end - 1] == ' ' ||
+                           text[end - 1] == '\n')) {
+            --end;
+        }
         static constexpr char word[] = "COMMIT";
-        if (size < 6) {
+        if (end < 6) {
             return false;
         }
         for (std::size_t i = 0; i < 6; ++i) {
-            const char c = text[i];
+            const char c = text[end - 6 + i];
             if ((c >= 'a' && c <= 'z' ? static_cast<char>(c - 32) : c) != word[i]) {
                 return false;
             }
         }
-        return true;
+        return end == 6 || text[end - 7] == ' ' || text[end - 7] == ';';
     }
 
     std::string m_upstream_host;
@@ -245,6 +260,7 @@ private:
     int m_listener = -1;
     int m_port = 0;
     std::atomic<bool> m_stopping{false};
+    std::atomic<bool> m_refusing{false};
     std::atomic<cut> m_armed{cut::none};
     std::atomic<int> m_cuts{0};
     std::mutex m_mutex;

@@ -20,6 +20,12 @@ struct fake_failure : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+/// What a callback throws to play "the server cut the statement short because
+/// of the deadline"; the fake's failed_by_deadline() recognizes it.
+struct fake_deadline_hit : std::runtime_error {
+    fake_deadline_hit() : std::runtime_error("fake: statement timeout") {}
+};
+
 class fake_pool {
 public:
     /// What the callback receives: it can "write" and must not commit itself.
@@ -63,6 +69,7 @@ public:
     using transaction = std::unique_ptr<work>;
     struct transaction_options {
         int tag = 0;
+        std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
     };
 
     // --- knobs: fail at a step ---------------------------------------------
@@ -80,6 +87,8 @@ public:
     std::atomic<int> discarded{0};
     std::atomic<int> in_use{0};
     std::atomic<int> last_tag{-1};
+    std::atomic<int> cancels{0};
+    std::atomic<std::chrono::steady_clock::time_point> last_deadline{};
 
     /// Values written by committed transactions, in commit order.
     std::vector<int> committed_values() const {
@@ -110,6 +119,7 @@ public:
         record("begin");
         ++begun;
         last_tag = options.tag;
+        last_deadline = options.deadline;
         return std::make_unique<work>(*this);
     }
 
@@ -140,6 +150,20 @@ public:
         ++discarded;
     }
 
+    // --- the optional extensions ----------------------------------------------
+    /// Records the request; the callback under test plays the server's part.
+    void cancel(lease& /*held*/) noexcept { ++cancels; }
+
+    [[nodiscard]] bool failed_by_deadline(transaction& /*tx*/) noexcept {
+        try {
+            throw;
+        } catch (const fake_deadline_hit&) {
+            return true;
+        } catch (...) {
+            return false;
+        }
+    }
+
 private:
     void give_back(lease& held) noexcept {
         record(held.m_discard ? "return-discarded" : "return");
@@ -162,6 +186,8 @@ private:
 };
 
 static_assert(bulkhead::transactional_pool<fake_pool>);
+static_assert(bulkhead::pool_takes_deadlines<fake_pool> && bulkhead::pool_cancels_work<fake_pool> &&
+              bulkhead::pool_reports_deadlines<fake_pool>);
 
 /// An observer that records what it is told.
 struct recording_observer {

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <functional>
 #include <future>
+#include <exception>
 #include <latch>
 #include <mutex>
 #include <random>
@@ -718,4 +719,101 @@ TEST_CASE("the observer hears every rejection", "[gate][observer]") {
     CHECK(gate.observer().rejected_full == 2);
     gate_t plain(pool, 1, 0);
     static_assert(sizeof(plain) < sizeof(gate) || sizeof(recording_observer) == 0);
+}
+
+// --- work in progress: stop requests, deadlines ------------------------------
+TEST_CASE("a stop request while the callback runs cancels the work: cancel is asked, nothing is committed",
+          "[gate][cancel]") {
+    fake_pool pool;
+    gate_t gate(pool, 1, 0);
+    std::stop_source source;
+    std::latch entered(1);
+
+    SECTION("the cancelled statement fails: work_cancelled with the failure nested") {
+        auto call = std::async(std::launch::async, [&] {
+            gate.transaction({.stop = source.get_token()}, [&](fake_pool::work& work) {
+                work.write(1);
+                entered.count_down();
+                await([&] { return pool.cancels == 1; });  // the server's cancel arrives
+                throw bulkhead_test::fake_failure("canceling statement due to user request");
+            });
+        });
+        entered.wait();
+        CHECK(gate.available() == 0);
+        source.request_stop();
+        try {
+            call.get();
+            FAIL("no exception");
+        } catch (const bulkhead::work_cancelled& cancelled) {
+            CHECK_THROWS_AS(std::rethrow_if_nested(cancelled), bulkhead_test::fake_failure);
+        }
+    }
+    SECTION("the callback finishes anyway: still work_cancelled, rolled back") {
+        auto call = std::async(std::launch::async, [&] {
+            return gate.transaction({.stop = source.get_token()}, [&](fake_pool::work& work) {
+                work.write(1);
+                entered.count_down();
+                await([&] { return pool.cancels == 1; });
+                return 5;
+            });
+        });
+        entered.wait();
+        source.request_stop();
+        CHECK_THROWS_AS(call.get(), bulkhead::work_cancelled);
+    }
+    CHECK(pool.cancels == 1);
+    CHECK(pool.commits == 0);
+    CHECK(pool.rollbacks == 1);
+    CHECK(pool.committed_values().empty());
+    CHECK(gate.available() == 1);
+    CHECK(pool.in_use == 0);
+}
+
+TEST_CASE("work_cancelled is not a rejection: the work had started", "[gate][cancel]") {
+    static_assert(!std::is_base_of_v<bulkhead::rejected, bulkhead::work_cancelled>);
+    static_assert(!std::is_base_of_v<bulkhead::rejected, bulkhead::work_deadline_exceeded>);
+    static_assert(!std::is_base_of_v<bulkhead::rejected, bulkhead::commit_unknown>);
+    fake_pool pool;
+    gate_t gate(pool, 1, 0);
+    std::stop_source source;
+    CHECK_THROWS_AS(gate.try_transaction({.stop = source.get_token()},
+                                         [&](fake_pool::work&) {
+                                             source.request_stop();
+                                             return 1;
+                                         }),
+                    bulkhead::work_cancelled);
+}
+
+TEST_CASE("the call's deadline reaches the pool, and a failure it caused says so", "[gate][deadline]") {
+    fake_pool pool;
+    gate_t gate(pool, 1, 0);
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    gate.transaction({.deadline = deadline}, [](fake_pool::work&) {});
+    CHECK(pool.last_deadline.load() == deadline);
+    gate.transaction(0ms, [](fake_pool::work&) {});
+    CHECK(pool.last_deadline.load() == std::chrono::steady_clock::time_point::max());
+
+    try {
+        gate.transaction({.deadline = deadline}, [](fake_pool::work&) { throw bulkhead_test::fake_deadline_hit(); });
+        FAIL("no exception");
+    } catch (const bulkhead::work_deadline_exceeded& exceeded) {
+        CHECK_THROWS_AS(std::rethrow_if_nested(exceeded), bulkhead_test::fake_deadline_hit);
+    }
+    // Without a deadline the same failure is the callback's own, unchanged.
+    CHECK_THROWS_AS(gate.transaction(0ms, [](fake_pool::work&) { throw bulkhead_test::fake_deadline_hit(); }),
+                    bulkhead_test::fake_deadline_hit);
+    CHECK(pool.rollbacks == 2);
+    CHECK(gate.available() == 1);
+}
+
+TEST_CASE("try_transaction does not swallow a rejection thrown by the callback itself", "[gate][B3]") {
+    fake_pool pool;
+    gate_t gate(pool, 1, 0);
+    gate_t inner(pool, 1, 0);
+    CHECK_THROWS_AS(gate.try_transaction(0ms, [&](fake_pool::work&) { return inner.transaction(0ms, [&](fake_pool::work&) {
+                                                                                 throw bulkhead::admission_full();
+                                                                                 return 0;
+                                                                             }); }),
+                    bulkhead::admission_full);
+    CHECK(pool.rollbacks == 2);
 }

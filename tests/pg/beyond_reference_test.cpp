@@ -1,0 +1,308 @@
+// What the reference design leaves open, against a real PostgreSQL:
+// one deadline bounding every stage, cancellation that reaches the server,
+// and COMMIT outcomes that are settled instead of guessed.
+#include "pg_helpers.hpp"
+#include "tcp_proxy.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <future>
+#include <latch>
+#include <optional>
+#include <regex>
+#include <stop_token>
+
+using namespace bulkhead_test;
+using gate_t = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+/// The suite's server as host and port (the proxy needs a TCP address).
+std::pair<std::string, int> server_address() {
+    const std::string info = conninfo();
+    std::smatch host;
+    std::smatch port;
+    const bool found = std::regex_search(info, host, std::regex(R"(host=([0-9.]+))")) &&
+                       std::regex_search(info, port, std::regex(R"(port=([0-9]+))"));
+    if (!found) {
+        FAIL("these tests need a TCP server given as host=<IPv4> port=<n>; got another form");
+    }
+    return {host[1].str(), std::stoi(port[1].str())};
+}
+
+/// The suite's conninfo, redirected through `proxy` (libpq takes the last
+/// value of a repeated keyword).
+std::string through(const tcp_proxy& proxy) { return conninfo() + " host=127.0.0.1 port=" + std::to_string(proxy.port()); }
+
+template <class Call>
+clock_type::duration time_of(Call&& call) {
+    const auto start = clock_type::now();
+    call();
+    return clock_type::now() - start;
+}
+
+}  // namespace
+
+// --- 1. One deadline, every stage ------------------------------------------------
+
+TEST_CASE("a deadline that has passed is refused with deadline_exceeded before the pool is touched",
+          "[pg][deadline]") {
+    bulkhead::pqxx_pool pool(pool_options("bulkhead-deadline-passed"));
+    gate_t gate(pool, 1, 0);
+    const auto elapsed = time_of([&] {
+        CHECK_THROWS_AS(gate.transaction({.queue_wait = 1s, .deadline = clock_type::now() - 1ms},
+                                         [](pqxx::dbtransaction&) {}),
+                        bulkhead::deadline_exceeded);
+    });
+    CHECK(elapsed < 100ms);
+    CHECK(pool.size() == 0);  // no connection was even opened
+    auto outcome = gate.try_transaction({.deadline = clock_type::now()}, [](pqxx::dbtransaction&) {});
+    CHECK(outcome.error() == bulkhead::reject_reason::deadline_exceeded);
+    CHECK(gate.available() == 1);
+}
+
+TEST_CASE("the deadline cuts the wait for an execution permit short", "[pg][deadline]") {
+    bulkhead::pqxx_pool pool(pool_options("bulkhead-deadline-permit"));
+    gate_t gate(pool, 1, 1);
+    std::latch holding(1);
+    std::promise<void> release;
+    auto released = release.get_future().share();
+    auto holder = std::async(std::launch::async, [&] {
+        gate.transaction(1s, [&](pqxx::dbtransaction&) {
+            holding.count_down();
+            released.wait();
+        });
+    });
+    holding.wait();
+    const auto elapsed = time_of([&] {
+        CHECK_THROWS_AS(gate.transaction({.queue_wait = 10s, .deadline = clock_type::now() + 150ms},
+                                         [](pqxx::dbtransaction&) {}),
+                        bulkhead::deadline_exceeded);
+    });
+    CHECK(elapsed >= 150ms);
+    CHECK(elapsed < 1s);  // the 10 s queue wait did not apply
+    CHECK(gate.available_slots() == 1);
+    release.set_value();
+    holder.get();
+}
+
+TEST_CASE("the deadline cuts the wait for a pool connection short", "[pg][deadline]") {
+    auto options = pool_options("bulkhead-deadline-pool", 1);
+    options.connection_timeout = 5s;
+    bulkhead::pqxx_pool pool(options);
+    gate_t gate(pool, 1, 0);
+    auto taken = pool.acquire();  // outside the gate
+    const auto elapsed = time_of([&] {
+        CHECK_THROWS_AS(gate.transaction({.deadline = clock_type::now() + 200ms}, [](pqxx::dbtransaction&) {}),
+                        bulkhead::deadline_exceeded);
+    });
+    CHECK(elapsed >= 200ms);
+    CHECK(elapsed < 1500ms);  // not the pool's 5 s
+    CHECK(gate.available() == 1);
+}
+
+TEST_CASE("the deadline bounds the work through statement_timeout, and says it was the cause", "[pg][deadline]") {
+    scratch_table table("bulkhead_deadline_work", "id int");
+    bulkhead::pqxx_pool pool(pool_options("bulkhead-deadline-work", 1));
+    gate_t gate(pool, 1, 0);
+    long seen_timeout_ms = -1;
+    const auto elapsed = time_of([&] {
+        try {
+            gate.transaction({.deadline = clock_type::now() + 300ms}, [&](pqxx::dbtransaction& tx) {
+                seen_timeout_ms = tx.exec1("SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'")[0]
+                                      .as<long>();
+                tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
+                tx.exec("SELECT pg_sleep(5)");
+            });
+            FAIL("no exception");
+        } catch (const bulkhead::work_deadline_exceeded& exceeded) {
+            CHECK(sqlstate_of([&] { std::rethrow_if_nested(exceeded); }) == "57014");
+        }
+    });
+    CHECK(seen_timeout_ms > 0);
+    CHECK(seen_timeout_ms <= 300);  // the time left, as an integer number of milliseconds
+    CHECK(elapsed >= 250ms);
+    CHECK(elapsed < 1500ms);  // not the 5 s of pg_sleep
+    CHECK(table.rows() == 0);
+    // The same connection serves the next call, with the server's default statement_timeout again.
+    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) {
+        return tx.exec1("SELECT setting FROM pg_settings WHERE name = 'statement_timeout'")[0].as<std::string>();
+    }) == "0");
+    CHECK(pool.size() == 1);
+}
+
+TEST_CASE("a shorter statement_timeout of the call's own still applies, and is not blamed on the deadline",
+          "[pg][deadline]") {
+    bulkhead::pqxx_pool pool(pool_options("bulkhead-deadline-own", 1));
+    gate_t gate(pool, 1, 0);
+    gate_t::options call{.deadline = clock_type::now() + 10s};
+    call.transaction.statement_timeout = 100ms;
+    CHECK(sqlstate_of([&] { gate.transaction(call, [](pqxx::dbtransaction& tx) { tx.exec("SELECT pg_sleep(3)"); }); }) ==
+          "57014");
+}
+
+TEST_CASE("with deadline_sets_lock_timeout the deadline bounds lock waits too", "[pg][deadline]") {
+    scratch_table table("bulkhead_deadline_lock", "id int PRIMARY KEY, v int");
+    auto setup = outside_connection();
+    {
+        pqxx::work tx(setup);
+        tx.exec0("INSERT INTO " + table.name() + " VALUES (1, 0)");
+        tx.commit();
+    }
+    bulkhead::pqxx_pool pool(pool_options("bulkhead-deadline-lock", 1));
+    gate_t gate(pool, 1, 0);
+    pqxx::work lock_holder(setup);
+    lock_holder.exec1("SELECT v FROM " + table.name() + " WHERE id = 1 FOR UPDATE");
+    gate_t::options call{.deadline = clock_type::now() + 250ms};
+    call.transaction.deadline_sets_lock_timeout = true;
+    const auto elapsed = time_of([&] {
+        try {
+            gate.transaction(call, [&](pqxx::dbtransaction& tx) {
+                tx.exec0("UPDATE " + table.name() + " SET v = 1 WHERE id = 1");
+            });
+            FAIL("no exception");
+        } catch (const bulkhead::work_deadline_exceeded& exceeded) {
+            const auto state = sqlstate_of([&] { std::rethrow_if_nested(exceeded); });
+            CHECK((state == "55P03" || state == "57014"));
+        }
+    });
+    CHECK(elapsed < 1500ms);
+    lock_holder.abort();
+}
+
+// --- 2. Cancellation that reaches the server -----------------------------------------
+
+TEST_CASE("a stop request during pg_sleep(10) cancels the statement on the server; the connection is reused",
+          "[pg][cancel]") {
+    bulkhead::pqxx_pool pool(pool_options("bulkhead-cancel", 1));
+    gate_t gate(pool, 1, 0);
+    auto monitor = outside_connection();
+    std::stop_source source;
+    std::latch started(1);
+    int pid = 0;
+    auto call = std::async(std::launch::async, [&] {
+        gate.transaction({.stop = source.get_token()}, [&](pqxx::dbtransaction& tx) {
+            pid = tx.exec1("SELECT pg_backend_pid()")[0].as<int>();
+            started.count_down();
+            tx.exec("SELECT pg_sleep(10)");
+        });
+    });
+    started.wait();
+    // The statement is running on the server before the stop is requested.
+    await([&] {
+        return scalar<long>(monitor, "SELECT count(*) FROM pg_stat_activity WHERE pid = " + std::to_string(pid) +
+                                         " AND state = 'active' AND query LIKE '%pg_sleep(10)%'") == 1;
+    });
+    std::this_thread::sleep_for(100ms);  // "cancelled after 100 ms": the scenario under test, not ordering
+    const auto stop_at = clock_type::now();
+    CHECK(gate.available() == 0);
+    source.request_stop();
+    try {
+        call.get();
+        FAIL("no exception");
+    } catch (const bulkhead::work_cancelled& cancelled) {
+        CHECK(sqlstate_of([&] { std::rethrow_if_nested(cancelled); }) == "57014");
+    }
+    CHECK(clock_type::now() - stop_at < 1s);
+    CHECK(gate.available() == 1);  // back only once the callback had unwound
+    CHECK(scalar<std::string>(monitor, "SELECT state FROM pg_stat_activity WHERE pid = " + std::to_string(pid)) ==
+          "idle");
+    CHECK(pool.idle() == 1);
+    const int again =
+        gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT pg_backend_pid()")[0].as<int>(); });
+    CHECK(again == pid);  // the same, healthy connection
+}
+
+// --- 3. COMMIT outcomes ------------------------------------------------------------------
+
+TEST_CASE("a COMMIT whose answer is lost after the server committed returns the value", "[pg][commit]") {
+    const auto [host, port] = server_address();
+    tcp_proxy proxy(host, port);
+    scratch_table table("bulkhead_commit_landed", "id int");
+    auto options = pool_options("bulkhead-commit-landed", 1);
+    options.conninfo = through(proxy);
+    bulkhead::pqxx_pool pool(options);
+    gate_t gate(pool, 1, 0);
+    proxy.arm(tcp_proxy::cut::drop_after_commit);
+    const int value = gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
+        tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
+        return 42;
+    });
+    CHECK(proxy.cuts() == 1);  // the answer to COMMIT really was lost
+    CHECK(value == 42);        // settled with txid_status(): committed
+    CHECK(table.rows() == 1);
+    CHECK(pool.size() == 0);  // the lost connection was not kept
+    CHECK(gate.available() == 1);
+}
+
+TEST_CASE("a COMMIT lost before it reached the server fails after the rollback is confirmed", "[pg][commit]") {
+    const auto [host, port] = server_address();
+    tcp_proxy proxy(host, port);
+    scratch_table table("bulkhead_commit_lost", "id int");
+    auto options = pool_options("bulkhead-commit-lost", 1);
+    options.conninfo = through(proxy);
+    bulkhead::pqxx_pool pool(options);
+    gate_t gate(pool, 1, 0);
+    proxy.arm(tcp_proxy::cut::drop_before_commit);
+    try {
+        gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
+            tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
+            return 1;
+        });
+        FAIL("no exception");
+    } catch (const pqxx::broken_connection& lost) {
+        CHECK_THAT(lost.what(), Catch::Contains("confirms the transaction was rolled back"));
+    }
+    CHECK(proxy.cuts() == 1);
+    CHECK(table.rows() == 0);
+    CHECK(gate.available() == 1);
+    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT 2")[0].as<int>(); }) == 2);
+}
+
+TEST_CASE("commit_unknown only when the outcome cannot be read back, never a silent retry", "[pg][commit]") {
+    const auto [host, port] = server_address();
+    tcp_proxy proxy(host, port);
+    scratch_table table("bulkhead_commit_unknown", "id int");
+    auto options = pool_options("bulkhead-commit-unknown", 1);
+    options.conninfo = through(proxy);
+    options.connection_timeout = 300ms;  // also the budget for reading the outcome
+    bulkhead::pqxx_pool pool(options);
+    gate_t gate(pool, 1, 0);
+    gate.transaction(1s, [](pqxx::dbtransaction&) {});  // connect while the proxy lets us
+    proxy.refuse_new(true);                               // no fresh connection can ask txid_status()
+    proxy.arm(tcp_proxy::cut::drop_after_commit);
+    int runs = 0;
+    try {
+        gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
+            ++runs;
+            tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
+        });
+        FAIL("no exception");
+    } catch (const bulkhead::commit_unknown& unknown) {
+        CHECK_THROWS(std::rethrow_if_nested(unknown));  // the original failure travels with it
+    }
+    CHECK(runs == 1);          // not retried
+    CHECK(table.rows() == 1);  // it did commit: "unknown" is not "failed"
+    proxy.refuse_new(false);
+    CHECK(gate.available() == 1);
+}
+
+TEST_CASE("the transaction id is read with BEGIN for read-write work only, never for read-only work",
+          "[pg][commit]") {
+    bulkhead::pqxx_pool pool(pool_options("bulkhead-commit-txid", 1));
+    gate_t gate(pool, 1, 0);
+    auto assigned = [&](const gate_t::options& call) {
+        return gate.transaction(call, [](pqxx::dbtransaction& tx) {
+            return !tx.exec1("SELECT txid_current_if_assigned()")[0].is_null();
+        });
+    };
+    gate_t::options read_write{};
+    gate_t::options read_only{};
+    read_only.transaction.read_only = true;
+    gate_t::options untracked{};
+    untracked.transaction.resolve_commit_outcome = false;
+    CHECK(assigned(read_write));   // txid_current() ran with BEGIN
+    CHECK_FALSE(assigned(read_only));  // nothing extra on the read-only path
+    CHECK_FALSE(assigned(untracked));
+}
