@@ -28,6 +28,7 @@
 #include <bulkhead/detail/held_gates.hpp>
 #include <bulkhead/error.hpp>
 #include <bulkhead/fifo_semaphore.hpp>
+#include <bulkhead/gate_stats.hpp>
 #include <bulkhead/result.hpp>
 
 #include <cassert>
@@ -447,8 +448,9 @@ public:
     template <class Work>
     auto transaction(const options& call, Work&& work) {
         check_callable(work);
-        permit held = admit(call).value();
-        return run(held, call, std::forward<Work>(work));
+        const clock::time_point start = clock::now();
+        permit held = admit(call, &start).value();
+        return run(held, call, std::forward<Work>(work), start);
     }
 
     /// Same as transaction({.queue_wait = queue_wait}, work).
@@ -463,17 +465,18 @@ public:
     template <class Work>
     auto try_transaction(const options& call, Work&& work) -> result<work_result_t<Work>> {
         check_callable(work);
-        result<permit> held = admit(call);
+        const clock::time_point start = clock::now();
+        result<permit> held = admit(call, &start);
         if (!held) {
             return held.error();
         }
         bool started = false;
         try {
             if constexpr (std::is_void_v<work_result_t<Work>>) {
-                run(*held, call, std::forward<Work>(work), &started);
+                run(*held, call, std::forward<Work>(work), start, &started);
                 return {};
             } else {
-                return run(*held, call, std::forward<Work>(work), &started);
+                return run(*held, call, std::forward<Work>(work), start, &started);
             }
         } catch (const rejected& rejection) {
             if (started) {
@@ -522,6 +525,21 @@ public:
     /// The observer, for reading what it collected.
     [[nodiscard]] Observer& observer() noexcept { return m_observer; }
 
+    /// A copy of the gate's counters, gauges and latency distributions
+    /// (see gate_stats.hpp). Costs a few kilobytes of copying; never blocks
+    /// callers.
+    [[nodiscard]] gate_stats stats() const noexcept {
+        gate_stats stats;
+        stats.concurrent = concurrent();
+        stats.extra_slots = extra_slots();
+        stats.available = available();
+        stats.available_slots = available_slots();
+        stats.running = stats.concurrent - stats.available;
+        stats.queued = waiting();
+        m_metrics.copy_to(stats);
+        return stats;
+    }
+
 private:
     template <class Work>
     static void check_callable(const Work& work) {
@@ -542,14 +560,22 @@ private:
         }
     }
 
-    /// Rejects with `reason`, telling the observer.
-    result<permit> refuse(reject_reason reason) noexcept {
+    /// Counts a rejection and tells the observer.
+    void count_rejection(reject_reason reason) noexcept {
+        m_metrics.rejected(reason);
         detail::notify_rejected(m_observer, reason);
+    }
+
+    /// Rejects with `reason`, counted.
+    result<permit> refuse(reject_reason reason) noexcept {
+        count_rejection(reason);
         return reason;
     }
 
-    /// Both admission stages. Returns a permit or why there is none.
-    result<permit> admit(const options& call) {
+    /// Both admission stages. Returns a permit or why there is none. With
+    /// `start` (the transaction path) the permit wait is recorded; enter()
+    /// passes none and reads no clock unless it has to wait.
+    result<permit> admit(const options& call, const clock::time_point* start = nullptr) {
         if (call.queue_wait < call.queue_wait.zero()) {
             throw std::invalid_argument("bulkhead::db_bulkhead: queue_wait must not be negative");
         }
@@ -578,8 +604,15 @@ private:
         if (!m_core.m_slots.try_acquire()) {
             return refuse(reject_reason::admission_full);
         }
-        if (!m_core.m_running.try_acquire()) {
-            switch (m_core.m_running.try_acquire_for(wait, call.stop)) {
+        if (m_core.m_running.try_acquire()) {
+            if (start != nullptr) {
+                m_metrics.permit_wait.record(0U);
+            }
+        } else {
+            const clock::time_point waited_from = start != nullptr ? *start : clock::now();
+            const wait_status waited = m_core.m_running.try_acquire_for(wait, call.stop);
+            m_metrics.permit_wait.record(clock::now() - waited_from);
+            switch (waited) {
                 case wait_status::acquired: break;
                 case wait_status::timed_out:
                     m_core.m_slots.release();
@@ -590,13 +623,15 @@ private:
                     return refuse(reject_reason::admission_cancelled);
             }
         }
+        m_metrics.admitted();
         return permit(m_core, held.add(&m_core));
     }
 
     /// Stages 3 and 4 for a call that holds `held`. The permit is released
     /// by the caller's frame, after every local here has been destroyed.
     template <class Work>
-    work_result_t<Work> run(permit& held, const options& call, Work&& work, bool* started = nullptr) {
+    work_result_t<Work> run(permit& held, const options& call, Work&& work, clock::time_point start,
+                            bool* started = nullptr) {
         (void)held;
         // Seen after the permit was granted, but before the pool is touched:
         // still "the work never started".
@@ -606,7 +641,13 @@ private:
         if (call.deadline != clock::time_point::max() && call.deadline <= clock::now()) {
             throw_refusal(reject_reason::deadline_exceeded);
         }
+        const clock::time_point permitted = clock::now();
+        // Declared before the lease, so it is destroyed after it: it records
+        // how long the connection was held, and the whole call.
+        call_timer timer(m_metrics, start);
         typename Pool::lease lease = acquire_lease(call.deadline);
+        timer.connection_acquired();
+        m_metrics.pool_wait.record(timer.leased_at() - permitted);
         if constexpr (pool_takes_deadlines<Pool>) {
             if (call.deadline != clock::time_point::max()) {
                 transaction_options settings = call.transaction;
@@ -623,21 +664,83 @@ private:
     template <class Work>
     work_result_t<Work> work_on(typename Pool::lease& lease, const transaction_options& settings,
                                 const options& call, Work&& work, bool* started) {
-        transaction_guard<Pool> guard(*m_pool, lease, settings, rollback_hook());
-        if (started != nullptr) {
-            *started = true;
-        }
-        if constexpr (std::is_void_v<work_result_t<Work>>) {
-            run_callback(lease, guard, call, std::forward<Work>(work));
-            refuse_commit_if_stopped(call);
-            guard.commit();
-        } else {
-            work_result_t<Work> value = run_callback(lease, guard, call, std::forward<Work>(work));
-            refuse_commit_if_stopped(call);
-            guard.commit();
-            return value;
+        bool began = false;
+        try {
+            transaction_guard<Pool> guard(*m_pool, lease, settings, rollback_hook());
+            began = true;
+            if (started != nullptr) {
+                *started = true;
+            }
+            if constexpr (std::is_void_v<work_result_t<Work>>) {
+                run_callback(lease, guard, call, std::forward<Work>(work));
+                refuse_commit_if_stopped(call);
+                guard.commit();
+                m_metrics.completed();
+            } else {
+                work_result_t<Work> value = run_callback(lease, guard, call, std::forward<Work>(work));
+                refuse_commit_if_stopped(call);
+                guard.commit();
+                m_metrics.completed();
+                return value;
+            }
+        } catch (...) {
+            count_failure(began);
+            throw;
         }
     }
+
+    /// Inside a catch handler: counts how a call that reached the pool ended.
+    /// A rejection before BEGIN (the deadline) is a rejection, not a failure.
+    void count_failure(bool began) noexcept {
+        try {
+            throw;
+        } catch (const rejected& rejection) {
+            if (!began) {
+                count_rejection(rejection.reason());
+                return;
+            }
+            m_metrics.failed();
+        } catch (const work_cancelled&) {
+            m_metrics.failed();
+            m_metrics.work_cancelled();
+        } catch (const work_deadline_exceeded&) {
+            m_metrics.failed();
+            m_metrics.work_deadline_exceeded();
+        } catch (const commit_unknown&) {
+            m_metrics.failed();
+            m_metrics.commit_unknown();
+        } catch (...) {
+            m_metrics.failed();
+        }
+    }
+
+    /// Records the connection hold time and the whole call's duration when
+    /// the call's connection has gone back to the pool.
+    class call_timer {
+    public:
+        call_timer(detail::gate_metrics& metrics, clock::time_point start) noexcept
+            : m_metrics(metrics), m_start(start) {}
+        call_timer(const call_timer&) = delete;
+        call_timer& operator=(const call_timer&) = delete;
+        ~call_timer() {
+            const clock::time_point now = clock::now();
+            if (m_leased) {
+                m_metrics.connection_hold.record(now - m_leased_at);
+            }
+            m_metrics.call.record(now - m_start);
+        }
+        void connection_acquired() noexcept {
+            m_leased_at = clock::now();
+            m_leased = true;
+        }
+        [[nodiscard]] clock::time_point leased_at() const noexcept { return m_leased_at; }
+
+    private:
+        detail::gate_metrics& m_metrics;
+        clock::time_point m_start;
+        clock::time_point m_leased_at{};
+        bool m_leased = false;
+    };
 
     /// Runs the callback. While it runs, a stop request asks the pool to
     /// cancel the statement in progress on the server (when the pool can);
@@ -645,6 +748,11 @@ private:
     template <class Work>
     work_result_t<Work> run_callback(typename Pool::lease& lease, transaction_guard<Pool>& guard,
                                      const options& call, Work&& work) {
+        struct work_timer {
+            log_linear_histogram& histogram;
+            clock::time_point began = clock::now();
+            ~work_timer() { histogram.record(clock::now() - began); }
+        } timed{m_metrics.work};
         try {
             if constexpr (pool_cancels_work<Pool>) {
                 // Deregistered (waiting for a cancel in flight) before the
@@ -692,28 +800,30 @@ private:
             if (deadline != clock::time_point::max() && clock::now() >= deadline) {
                 throw_refusal(reject_reason::deadline_exceeded);
             }
-            detail::notify_rejected(m_observer, reject_reason::pool_timeout);
+            count_rejection(reject_reason::pool_timeout);
             throw;
         } catch (const rejected& rejection) {
-            detail::notify_rejected(m_observer, rejection.reason());
+            count_rejection(rejection.reason());
             throw;
         }
     }
 
     [[noreturn]] void throw_refusal(reject_reason reason) {
-        detail::notify_rejected(m_observer, reason);
+        count_rejection(reason);
         throw_rejection(reason);
     }
 
     rollback_failure_hook rollback_hook() noexcept {
         return {this, [](void* self, std::exception_ptr failure) noexcept {
-                    detail::notify_rollback_failed(static_cast<db_bulkhead*>(self)->m_observer,
-                                                   std::move(failure));
+                    auto& gate = *static_cast<db_bulkhead*>(self);
+                    gate.m_metrics.rollback_failed();
+                    detail::notify_rollback_failed(gate.m_observer, std::move(failure));
                 }};
     }
 
     Pool* m_pool;
     detail::gate_core m_core;
+    detail::gate_metrics m_metrics;
     [[no_unique_address]] Observer m_observer;
 };
 

@@ -77,6 +77,7 @@ public:
     std::atomic<bool> fail_begin{false};     // throws fake_failure
     std::atomic<bool> fail_commit{false};    // throws fake_failure, nothing committed
     std::atomic<bool> fail_rollback{false};  // throws fake_failure
+    std::atomic<bool> commit_throws_unknown{false};  // commit throws bulkhead::commit_unknown
 
     // --- what happened -------------------------------------------------------
     std::atomic<int> acquired{0};
@@ -125,6 +126,9 @@ public:
 
     void commit(lease& /*held*/, transaction& tx) {
         record("commit");
+        if (commit_throws_unknown) {
+            throw bulkhead::commit_unknown();
+        }
         if (fail_commit) {
             throw fake_failure("fake_pool: commit failed");
         }

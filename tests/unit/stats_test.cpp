@@ -1,0 +1,203 @@
+// gate.stats(): every counter moves exactly when its outcome happens, one
+// test per outcome, over the test-double pool.
+#include "fake_pool.hpp"
+#include "test_util.hpp"
+
+#include <bulkhead/bulkhead.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <future>
+#include <latch>
+#include <stop_token>
+
+using namespace std::chrono_literals;
+using bulkhead::reject_reason;
+using bulkhead_test::fake_pool;
+using gate_t = bulkhead::db_bulkhead<fake_pool>;
+
+namespace {
+
+/// Counters that must not have moved, besides the ones a test expects.
+struct expected_counts {
+    std::uint64_t admitted = 0;
+    std::array<std::uint64_t, bulkhead::reject_reason_count> rejected{};
+    std::uint64_t completed = 0;
+    std::uint64_t failed = 0;
+    std::uint64_t work_cancelled = 0;
+    std::uint64_t work_deadline_exceeded = 0;
+    std::uint64_t rollback_failures = 0;
+    std::uint64_t commit_unknown = 0;
+};
+
+void check_counts(const gate_t& gate, const expected_counts& expected) {
+    const bulkhead::gate_stats stats = gate.stats();
+    CHECK(stats.admitted == expected.admitted);
+    for (std::size_t i = 0; i < bulkhead::reject_reason_count; ++i) {
+        INFO("reason " << bulkhead::to_string(static_cast<reject_reason>(i)));
+        CHECK(stats.rejected[i] == expected.rejected[i]);
+    }
+    CHECK(stats.completed == expected.completed);
+    CHECK(stats.failed == expected.failed);
+    CHECK(stats.work_cancelled == expected.work_cancelled);
+    CHECK(stats.work_deadline_exceeded == expected.work_deadline_exceeded);
+    CHECK(stats.rollback_failures == expected.rollback_failures);
+    CHECK(stats.commit_unknown == expected.commit_unknown);
+}
+
+std::size_t index(reject_reason reason) { return static_cast<std::size_t>(reason); }
+
+}  // namespace
+
+TEST_CASE("stats: a committed call counts admitted and completed, and times every stage", "[stats]") {
+    fake_pool pool;
+    gate_t gate(pool, 2, 1);
+    gate.transaction(0ms, [](fake_pool::work&) {});
+    check_counts(gate, {.admitted = 1, .completed = 1});
+    const auto stats = gate.stats();
+    CHECK(stats.permit_wait.count() == 1);
+    CHECK(stats.pool_wait.count() == 1);
+    CHECK(stats.connection_hold.count() == 1);
+    CHECK(stats.work.count() == 1);
+    CHECK(stats.call.count() == 1);
+    CHECK(stats.concurrent == 2);
+    CHECK(stats.extra_slots == 1);
+    CHECK(stats.available == 2);
+    CHECK(stats.available_slots == 3);
+    CHECK(stats.running == 0);
+    CHECK(stats.queued == 0);
+}
+
+TEST_CASE("stats: a permit from enter() counts admitted and reads no clock on the fast path", "[stats]") {
+    fake_pool pool;
+    gate_t gate(pool, 1, 0);
+    {
+        auto held = gate.enter();
+        CHECK(gate.stats().running == 1);
+    }
+    check_counts(gate, {.admitted = 1});
+    CHECK(gate.stats().permit_wait.count() == 0);  // not timed: no clock read on the admission path
+}
+
+TEST_CASE("stats: admission_full is counted under its reason", "[stats]") {
+    fake_pool pool;
+    gate_t gate(pool, 1, 0);
+    std::latch inside(1);
+    std::latch release(1);
+    auto holder = std::async(std::launch::async, [&] {
+        gate.transaction(0ms, [&](fake_pool::work&) {
+            inside.count_down();
+            release.wait();
+        });
+    });
+    inside.wait();
+    (void)gate.try_enter();
+    CHECK_THROWS(gate.transaction(0ms, [](fake_pool::work&) {}));
+    release.count_down();
+    holder.get();
+    expected_counts expected{.admitted = 1, .completed = 1};
+    expected.rejected[index(reject_reason::admission_full)] = 2;
+    check_counts(gate, expected);
+}
+
+TEST_CASE("stats: a queue timeout is counted, and its wait timed", "[stats]") {
+    fake_pool pool;
+    gate_t gate(pool, 1, 1);
+    std::latch inside(1);
+    std::latch release(1);
+    auto holder = std::async(std::launch::async, [&] {
+        gate.transaction(0ms, [&](fake_pool::work&) {
+            inside.count_down();
+            release.wait();
+        });
+    });
+    inside.wait();
+    (void)gate.try_transaction(20ms, [](fake_pool::work&) {});
+    release.count_down();
+    holder.get();
+    expected_counts expected{.admitted = 1, .completed = 1};
+    expected.rejected[index(reject_reason::admission_timeout)] = 1;
+    check_counts(gate, expected);
+    const auto stats = gate.stats();
+    CHECK(stats.permit_wait.count() == 2);
+    CHECK(stats.permit_wait.quantile(1.0) >= 20e6 * (1 - bulkhead::log_linear_histogram::relative_error));
+}
+
+TEST_CASE("stats: a cancelled wait is counted", "[stats]") {
+    fake_pool pool;
+    gate_t gate(pool, 1, 0);
+    std::stop_source source;
+    source.request_stop();
+    (void)gate.try_enter({.stop = source.get_token()});
+    expected_counts expected;
+    expected.rejected[index(reject_reason::admission_cancelled)] = 1;
+    check_counts(gate, expected);
+}
+
+TEST_CASE("stats: a passed deadline is counted", "[stats]") {
+    fake_pool pool;
+    gate_t gate(pool, 1, 0);
+    (void)gate.try_transaction({.deadline = std::chrono::steady_clock::now() - 1s}, [](fake_pool::work&) {});
+    expected_counts expected;
+    expected.rejected[index(reject_reason::deadline_exceeded)] = 1;
+    check_counts(gate, expected);
+}
+
+TEST_CASE("stats: a pool timeout is counted as a rejection, after admission", "[stats]") {
+    fake_pool pool;
+    gate_t gate(pool, 1, 0);
+    pool.fail_acquire = true;
+    (void)gate.try_transaction(0ms, [](fake_pool::work&) {});
+    expected_counts expected{.admitted = 1};
+    expected.rejected[index(reject_reason::pool_timeout)] = 1;
+    check_counts(gate, expected);
+}
+
+TEST_CASE("stats: a callback that throws counts as failed", "[stats]") {
+    fake_pool pool;
+    gate_t gate(pool, 1, 0);
+    CHECK_THROWS(gate.transaction(0ms, [](fake_pool::work&) { throw std::runtime_error("no"); }));
+    check_counts(gate, {.admitted = 1, .failed = 1});
+}
+
+TEST_CASE("stats: a failed commit counts as failed", "[stats]") {
+    fake_pool pool;
+    gate_t gate(pool, 1, 0);
+    pool.fail_commit = true;
+    CHECK_THROWS(gate.transaction(0ms, [](fake_pool::work&) {}));
+    check_counts(gate, {.admitted = 1, .failed = 1});
+}
+
+TEST_CASE("stats: a failed rollback is counted besides the failure", "[stats]") {
+    fake_pool pool;
+    gate_t gate(pool, 1, 0);
+    pool.fail_rollback = true;
+    CHECK_THROWS(gate.transaction(0ms, [](fake_pool::work&) { throw std::runtime_error("no"); }));
+    check_counts(gate, {.admitted = 1, .failed = 1, .rollback_failures = 1});
+}
+
+TEST_CASE("stats: work cancelled by a stop request is counted", "[stats]") {
+    fake_pool pool;
+    gate_t gate(pool, 1, 0);
+    std::stop_source source;
+    CHECK_THROWS_AS(gate.transaction({.stop = source.get_token()}, [&](fake_pool::work&) { source.request_stop(); }),
+                    bulkhead::work_cancelled);
+    check_counts(gate, {.admitted = 1, .failed = 1, .work_cancelled = 1});
+}
+
+TEST_CASE("stats: work cut short by the deadline is counted", "[stats]") {
+    fake_pool pool;
+    gate_t gate(pool, 1, 0);
+    CHECK_THROWS_AS(gate.transaction({.deadline = std::chrono::steady_clock::now() + 10s},
+                                     [](fake_pool::work&) { throw bulkhead_test::fake_deadline_hit(); }),
+                    bulkhead::work_deadline_exceeded);
+    check_counts(gate, {.admitted = 1, .failed = 1, .work_deadline_exceeded = 1});
+}
+
+TEST_CASE("stats: an unsettled commit is counted", "[stats]") {
+    fake_pool pool;
+    gate_t gate(pool, 1, 0);
+    pool.commit_throws_unknown = true;
+    CHECK_THROWS_AS(gate.transaction(0ms, [](fake_pool::work&) {}), bulkhead::commit_unknown);
+    check_counts(gate, {.admitted = 1, .failed = 1, .commit_unknown = 1});
+}
