@@ -64,10 +64,12 @@
 
 #include <bulkhead/db_bulkhead.hpp>
 #include <bulkhead/error.hpp>
+#include <bulkhead/pool_stats.hpp>
 
 #include <pqxx/pqxx>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cassert>
 #include <cerrno>
@@ -78,6 +80,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -133,6 +136,11 @@ struct pqxx_pool_options {
     /// Sent as libpq's application_name (it overrides one in conninfo); shows
     /// in pg_stat_activity. Empty: leave it to conninfo and the environment.
     std::string application_name = "bulkhead";
+    /// Called once for every connection the pool closes, with the reason
+    /// (discarded, broken, lifetime, idle, validation_failed, shutdown): an
+    /// observer hook for logging or tracing. Must not throw and must not call
+    /// acquire(); it may run with the pool's mutex held. Empty: nothing is called.
+    std::function<void(close_reason)> on_close{};
 };
 
 /// Transaction isolation levels (PostgreSQL's; READ UNCOMMITTED behaves as
@@ -1187,7 +1195,8 @@ public:
         for (;;) {
             std::unique_ptr<pooled_connection> connection = take(start, until, rejoin_at_front);
             if (connection) {
-                if (usable_on_borrow(*connection)) {
+                const std::optional<close_reason> unusable = unusable_on_borrow(*connection);
+                if (!unusable) {
                     connection->discard = false;
                     connection->raw_access = false;
                     return connection;
@@ -1195,6 +1204,7 @@ public:
                 // Dead or too old: close it; its slot is ours to open a
                 // replacement in, at once.
                 connection.reset();
+                count_close(*unusable);
                 const std::lock_guard lock(m_mutex);
                 store(m_in_use, load(m_in_use) - 1);
                 store(m_opening, load(m_opening) + 1);
@@ -1210,13 +1220,15 @@ public:
     /// or idle) or closes it.
     void give_back(std::unique_ptr<pooled_connection> connection) noexcept {
         const auto now = clock::now();
-        if (!usable_on_return(*connection, now)) {
+        if (const std::optional<close_reason> unusable = unusable_on_return(*connection, now)) {
             connection.reset();  // closed outside the mutex
+            count_close(*unusable);
         }
         retired_connections retired;
         const std::lock_guard lock(m_mutex);
         if (connection && m_closed) {
             retired.add(std::move(connection));
+            count_close(close_reason::shutdown);
         }
         if (connection) {
             connection->idle_since = now;
@@ -1250,6 +1262,9 @@ public:
             assert(m_queue.empty() && "bulkhead::pqxx_pool destroyed while a thread waits in acquire()");
             m_closed = true;
             idle.swap(m_idle);
+            for (std::size_t i = 0; i < idle.size(); ++i) {
+                count_close(close_reason::shutdown);
+            }
             store(m_size, load(m_size) - idle.size());
             store(m_idle_count, 0);
         }
@@ -1343,6 +1358,7 @@ private:
                                        elapsed_ms(candidate.idle_since, now) >= m_options.idle_timeout &&
                                        load(m_size) > m_options.min_idle;
             if (too_old || idle_too_long) {
+                count_close(too_old ? close_reason::lifetime : close_reason::idle);
                 retired.add(std::move(m_idle[index]));
                 m_idle.erase(m_idle.begin() + static_cast<std::ptrdiff_t>(index));
                 store(m_idle_count, load(m_idle_count) - 1);
@@ -1405,6 +1421,7 @@ private:
             }
             if (now >= until) {
                 leave_queue_locked(node);
+                bump(m_acquire_timeouts);
                 throw pool_timeout(timeout_message_locked(start, until));
             }
             auto wake_at = until;
@@ -1437,6 +1454,7 @@ private:
             const std::lock_guard lock(m_mutex);
             store(m_opening, load(m_opening) - 1);
             store(m_in_use, load(m_in_use) + 1);
+            bump(m_opened);
             m_backoff = clock::duration::zero();
             m_retry_at = clock::time_point::min();
             return record;
@@ -1454,6 +1472,7 @@ private:
         const std::lock_guard lock(m_mutex);
         store(m_opening, load(m_opening) - 1);
         store(m_size, load(m_size) - 1);
+        bump(m_connect_failures);
         const auto now = clock::now();
         m_last_error = std::move(reported);
         m_last_error_at = now;
@@ -1463,37 +1482,80 @@ private:
         return nullptr;
     }
 
-    /// Outside the mutex, for a connection just taken from the idle list.
-    bool usable_on_borrow(pooled_connection& connection) const noexcept {
+    /// Outside the mutex, for a connection just taken from the idle list:
+    /// why it must be closed instead of handed out, or nothing.
+    std::optional<close_reason> unusable_on_borrow(pooled_connection& connection) const noexcept {
         const auto now = clock::now();
         if (!connection.connection->is_open()) {
-            return false;
+            return close_reason::broken;
         }
         if (m_options.max_lifetime.count() > 0 && elapsed_ms(connection.opened_at, now) >= m_options.max_lifetime) {
-            return false;
+            return close_reason::lifetime;
         }
         // Rounded up: with validate_after_idle = 0 every connection that was
         // idle at all is checked.
-        if (std::chrono::ceil<std::chrono::milliseconds>(now - connection.idle_since) > m_options.validate_after_idle) {
-            return check_idle_session(*connection.connection, saturating_add(now, m_options.validation_timeout));
+        if (std::chrono::ceil<std::chrono::milliseconds>(now - connection.idle_since) > m_options.validate_after_idle &&
+            !check_idle_session(*connection.connection, saturating_add(now, m_options.validation_timeout))) {
+            return close_reason::validation_failed;
         }
-        return true;
+        return std::nullopt;
     }
 
-    /// Outside the mutex, for a connection coming back from a lease.
-    bool usable_on_return(pooled_connection& connection, clock::time_point now) const noexcept {
-        if (connection.discard || !connection.connection->is_open()) {
-            return false;
+    /// Outside the mutex, for a connection coming back from a lease: why it
+    /// must be closed instead of kept, or nothing.
+    std::optional<close_reason> unusable_on_return(pooled_connection& connection,
+                                                   clock::time_point now) const noexcept {
+        if (connection.discard) {
+            return close_reason::discarded;
+        }
+        if (!connection.connection->is_open()) {
+            return close_reason::broken;
         }
         if (m_options.max_lifetime.count() > 0 && elapsed_ms(connection.opened_at, now) >= m_options.max_lifetime) {
-            return false;
+            return close_reason::lifetime;
         }
         if (connection.raw_access) {
             connection.raw_access = false;
-            return check_idle_session(*connection.connection, saturating_add(now, m_options.validation_timeout));
+            if (!check_idle_session(*connection.connection, saturating_add(now, m_options.validation_timeout))) {
+                return close_reason::validation_failed;
+            }
         }
-        return true;
+        return std::nullopt;
     }
+
+    /// Counts a closed connection and tells the hook, if any.
+    void count_close(close_reason reason) noexcept {
+        bump(m_closed_by[static_cast<std::size_t>(reason)]);
+        if (m_options.on_close) {
+            try {
+                m_options.on_close(reason);
+            } catch (...) {  // the hook must not throw; a throwing one is ignored
+            }
+        }
+    }
+
+    // relaxed: statistics, they order nothing.
+    static void bump(std::atomic<std::uint64_t>& counter) noexcept { counter.fetch_add(1, std::memory_order_relaxed); }
+
+public:
+    /// The counters and gauges.
+    [[nodiscard]] pool_stats stats() const noexcept {
+        pool_stats stats;
+        stats.max_size = m_options.max_size;
+        stats.size = size();
+        stats.idle = idle();
+        stats.in_use = in_use();
+        stats.waiting = waiting();
+        stats.opened = m_opened.load(std::memory_order_relaxed);
+        stats.connect_failures = m_connect_failures.load(std::memory_order_relaxed);
+        stats.acquire_timeouts = m_acquire_timeouts.load(std::memory_order_relaxed);
+        for (std::size_t i = 0; i < close_reason_count; ++i) {
+            stats.closed[i] = m_closed_by[i].load(std::memory_order_relaxed);
+        }
+        return stats;
+    }
+
+private:
 
     const pqxx_pool_options m_options;         // immutable after construction
     const connect_target m_target;             // immutable after construction
@@ -1514,6 +1576,12 @@ private:
     std::atomic<std::size_t> m_in_use{0};      // in leases (or being checked on borrow)
     std::atomic<std::size_t> m_opening{0};     // slots reserved, connection not open yet
     std::atomic<std::size_t> m_waiting{0};     // nodes in m_queue
+
+    // Statistics: relaxed counters, written anywhere.
+    std::atomic<std::uint64_t> m_opened{0};
+    std::atomic<std::uint64_t> m_connect_failures{0};
+    std::atomic<std::uint64_t> m_acquire_timeouts{0};
+    std::array<std::atomic<std::uint64_t>, close_reason_count> m_closed_by{};
 };
 
 }  // namespace detail
@@ -1758,6 +1826,9 @@ public:
     [[nodiscard]] std::size_t waiting() const noexcept { return m_core->waiting(); }
     /// The options, as constructed.
     [[nodiscard]] const pqxx_pool_options& options() const noexcept { return m_core->options(); }
+    /// Gauges and counters: connections opened, closed by reason, connection
+    /// failures, acquire timeouts.
+    [[nodiscard]] pool_stats stats() const noexcept { return m_core->stats(); }
 
 private:
     detail::pooled_connection& leased(lease& held) const {

@@ -1,0 +1,524 @@
+/* fifo_semaphore.pml: a Promela model of bulkhead::fifo_semaphore
+ * (include/bulkhead/fifo_semaphore.hpp, detail/wait_queue.hpp), checked
+ * exhaustively with spin.
+ *
+ * What is modelled, step for step with the C++ code:
+ *   - m_state, the packed word "free permits | waiters << 32": two variables
+ *     that are only ever changed together inside one atomic block, which is a
+ *     compare-and-swap against the values the thread loaded earlier (the load
+ *     and the CAS are separate steps, so other threads run in between);
+ *   - try_acquire(): the lock-free fast path (fails while anyone waits);
+ *   - release(): the fast-path CAS that adds a permit only while it sees zero
+ *     waiters, else hand_over() under the mutex;
+ *   - wait(): the stop_callback registration (run inline when the stop came
+ *     first), lock, the early cancelled check, take_or_enqueue(), the loop
+ *     "granted? cancelled? sleep on the condition variable", the timeout
+ *     decision (a grant wins), leaving the queue, and the order in which the
+ *     unique_lock, the stop_callback and the node are destroyed;
+ *   - cancel_waiter: run by the thread that requests the stop, under the mutex;
+ *   - the condition variable: wait releases the mutex atomically; a notify
+ *     reaches the waiter only while it sleeps; a timed wait may wake at any
+ *     moment (the deadline is abstract time) and then reports timeout or not
+ *     (libstdc++ returns timeout whenever the clock has passed the deadline,
+ *     notified or not); untimed waits do not wake spuriously here, so that a
+ *     lost wake-up shows as a stuck waiter (an invalid end state).
+ *
+ * What is checked (spin -a, pan with -DSAFETY: every reachable state):
+ *   1. conservation: free + held + in flight == PERMITS in every state (no
+ *      permit lost, none duplicated); "in flight" is a permit between a
+ *      releaser's hands and its destination (free count or a waiter);
+ *   2. a wait that ends acquired holds exactly one permit, one that ends
+ *      timed_out or cancelled holds none, and never more than PERMITS
+ *      callers hold one at once;
+ *   3. FIFO: hand_over grants the oldest queued waiter (no waiter still in the
+ *      queue has an older ticket), and nobody takes a permit outside
+ *      hand_over while someone is queued (no barging);
+ *   4. no waiter stuck with a permit available: "waiters > 0 implies free ==
+ *      0" in every state, and every worker finishes (a waiter that sleeps
+ *      forever is an invalid end state);
+ *   5. hand_over notifies a node only while its thread is still inside
+ *      wait() (the node lives on that thread's stack);
+ *   6. at the end: every permit free, nobody queued.
+ *
+ * Seeded bugs (compile with -D<NAME>; each must make the check fail):
+ *   BUG_HANDOVER_FREES         hand_over adds the permit to the free count
+ *                              instead of granting it to the oldest waiter
+ *   BUG_TIMEOUT_IGNORES_GRANT  a timed-out waiter leaves without checking
+ *                              `granted`
+ *   BUG_CANCEL_BEFORE_GRANT    the waiter checks `cancelled` before `granted`
+ *   BUG_LIFO                   hand_over serves the newest waiter
+ *   BUG_RELEASE_NO_CAS         release() checks "no waiters" and then adds the
+ *                              permit with a plain fetch_add (check-then-act)
+ *   BUG_NOTIFY_AFTER_UNLOCK    hand_over notifies after letting go of the mutex
+ *
+ * Sizes: NWORKERS threads (default 3), PERMITS (default 1), ROUNDS
+ * acquisitions per thread (default 2). Each round picks its kind at random:
+ * acquire(), try_acquire_for(d), acquire(stop), try_acquire_for(d, stop);
+ * the stop kinds only in the first round (one stop source per thread, whose
+ * stop a separate thread may request at any moment, or never).
+ */
+
+#ifndef NWORKERS
+#define NWORKERS 3
+#endif
+#ifndef PERMITS
+#define PERMITS 1
+#endif
+#ifndef ROUNDS
+#define ROUNDS 2
+#endif
+
+#define NOBODY 255
+
+#define ACQUIRED  0
+#define TIMED_OUT 1
+#define CANCELLED 2
+
+/* ---- the semaphore ---------------------------------------------------- */
+
+byte permits = PERMITS;  /* m_state, low half: free permits  */
+byte waiters = 0;        /* m_state, high half: queued waiters */
+
+byte mutex_owner = NOBODY;  /* m_mutex: a thread id, or NOBODY */
+
+/* detail::waiter, one node per worker (on its stack while it waits) */
+bool granted[NWORKERS];
+bool cancelled[NWORKERS];
+bool node_alive[NWORKERS];  /* model only: the node exists (thread is inside wait()) */
+bool sleeping[NWORKERS];    /* model only: blocked in wake.wait / wait_until */
+bool notified[NWORKERS];    /* model only: a notify_one reached the sleeper */
+
+/* detail::wait_queue: oldest first */
+byte queue[NWORKERS];
+byte qlen = 0;
+
+/* ---- the environment -------------------------------------------------- */
+
+bool stop_requested[NWORKERS];  /* std::stop_source, one per worker */
+bool cb_registered[NWORKERS];   /* std::stop_callback<cancel_waiter> registered */
+bool cb_running[NWORKERS];      /* ... and running in the stopper's thread */
+
+/* ---- model-only accounting -------------------------------------------- */
+
+byte owned[NWORKERS];   /* permits each worker holds */
+byte in_flight = 0;     /* released, not yet free or granted */
+byte holding = 0;       /* workers between acquire and release */
+byte ticket[NWORKERS];  /* arrival order into the queue */
+byte next_ticket = 1;
+byte finished = 0;
+
+#if NWORKERS == 2
+#define OWNED (owned[0] + owned[1])
+#elif NWORKERS == 3
+#define OWNED (owned[0] + owned[1] + owned[2])
+#elif NWORKERS == 4
+#define OWNED (owned[0] + owned[1] + owned[2] + owned[3])
+#else
+#error "NWORKERS must be 2, 3 or 4"
+#endif
+
+/* ---- the invariants, checked in every reachable state ----------------- */
+
+active proctype conservation() {
+end:
+    atomic {
+        (permits + OWNED + in_flight != PERMITS) ->
+            assert(permits + OWNED + in_flight == PERMITS)  /* no permit lost or duplicated */
+    }
+}
+
+active proctype nobody_waits_while_a_permit_is_free() {
+end:
+    atomic {
+        (waiters > 0 && permits > 0) ->
+            assert(!(waiters > 0 && permits > 0))  /* a waiter stuck with a permit available */
+    }
+}
+
+active proctype queue_matches_waiter_count() {
+end:
+    atomic { (qlen > waiters) -> assert(qlen <= waiters) }
+}
+
+active proctype at_the_end() {
+end:
+    (finished == NWORKERS) ->
+        assert(permits == PERMITS && waiters == 0 && qlen == 0 && in_flight == 0 && mutex_owner == NOBODY)
+}
+
+/* ---- building blocks -------------------------------------------------- */
+
+inline lock(who) {
+    atomic { mutex_owner == NOBODY -> mutex_owner = who }
+}
+
+inline unlock(who) {
+    d_step { assert(mutex_owner == who); mutex_owner = NOBODY }
+}
+
+/* notify_one on the node's condition variable: reaches it only if it sleeps. */
+inline notify(node) {
+    d_step {
+        assert(node_alive[node]);  /* the node is still on its thread's stack */
+        if
+        :: sleeping[node] -> notified[node] = true
+        :: else -> skip
+        fi
+    }
+}
+
+inline push_back(node) {
+    d_step {
+        queue[qlen] = node;
+        qlen++;
+        ticket[node] = next_ticket;
+        next_ticket++
+    }
+}
+
+/* wait_queue::remove: unlinks `node`, which must be in the queue. */
+inline remove(node) {
+    d_step {
+        k = 0;
+        do
+        :: k < qlen && queue[k] != node -> k++
+        :: else -> break
+        od;
+        assert(k < qlen);  /* the node was in the queue */
+        do
+        :: k + 1 < qlen -> queue[k] = queue[k + 1]; k++
+        :: else -> break
+        od;
+        qlen--
+    }
+}
+
+/* wait_queue::pop_front (or, seeded, the newest) into `node`. */
+inline pop_oldest(node) {
+    d_step {
+#ifdef BUG_LIFO
+        node = queue[qlen - 1];
+        qlen--;
+#else
+        node = queue[0];
+        k = 0;
+        do
+        :: k + 1 < qlen -> queue[k] = queue[k + 1]; k++
+        :: else -> break
+        od;
+        qlen--;
+#endif
+        /* FIFO: nobody still queued came before `node` */
+        k = 0;
+        do
+        :: k < qlen -> assert(ticket[queue[k]] > ticket[node]); k++
+        :: else -> break
+        od
+    }
+}
+
+/* fifo_semaphore::try_acquire(): relaxed load, then CAS(seen, seen - 1). */
+inline try_acquire(me, ok) {
+    seen_permits = permits;
+    seen_waiters = waiters;
+    ok = false;
+    do
+    :: seen_waiters != 0 || seen_permits == 0 -> break
+    :: else ->
+        atomic {
+            if
+            :: permits == seen_permits && waiters == seen_waiters ->
+                assert(qlen == 0);  /* no barging past a queued waiter */
+                permits--;
+                owned[me]++;
+                ok = true
+            :: else ->  /* CAS failed: `seen` now holds the current word */
+                seen_permits = permits;
+                seen_waiters = waiters
+            fi
+        }
+        if
+        :: ok -> break
+        :: else -> skip
+        fi
+    od
+}
+
+/* fifo_semaphore::take_or_enqueue(node), under the mutex. */
+inline take_or_enqueue(me, took) {
+    seen_permits = permits;
+    seen_waiters = waiters;
+    took = false;
+    joined = false;
+    do
+    :: took || joined -> break
+    :: else ->
+        if
+        :: seen_waiters == 0 && seen_permits > 0 ->
+            atomic {
+                if
+                :: permits == seen_permits && waiters == seen_waiters ->
+                    assert(qlen == 0);
+                    permits--;
+                    owned[me]++;
+                    took = true
+                :: else -> seen_permits = permits; seen_waiters = waiters
+                fi
+            }
+        :: else ->
+            atomic {
+                if
+                :: permits == seen_permits && waiters == seen_waiters -> waiters++; joined = true
+                :: else -> seen_permits = permits; seen_waiters = waiters
+                fi
+            }
+        fi
+    od;
+    if
+    :: joined -> push_back(me)
+    :: else -> skip
+    fi
+}
+
+/* fifo_semaphore::hand_over(1). */
+inline hand_over(me) {
+    lock(me);
+    count = 1;
+    next = NOBODY;
+#ifndef BUG_HANDOVER_FREES
+    do
+    :: count > 0 && qlen > 0 ->
+        pop_oldest(next);
+        d_step {  /* next.granted = true: the permit is the waiter's now */
+            granted[next] = true;
+            owned[next]++;
+            in_flight--
+        }
+        waiters--;  /* m_state.fetch_sub(one_waiter) */
+#ifndef BUG_NOTIFY_AFTER_UNLOCK
+        notify(next);
+#endif
+        count--
+    :: else -> break
+    od;
+#endif
+    if
+    :: count > 0 ->
+        d_step { permits = permits + count; in_flight = in_flight - count }  /* m_state.fetch_add(count) */
+    :: else -> skip
+    fi;
+    unlock(me);
+#ifdef BUG_NOTIFY_AFTER_UNLOCK
+    if
+    :: next != NOBODY -> notify(next)
+    :: else -> skip
+    fi
+#endif
+}
+
+/* fifo_semaphore::release(1). */
+inline release(me) {
+    d_step { assert(owned[me] == 1); owned[me]--; in_flight++ }
+    seen_permits = permits;
+    seen_waiters = waiters;
+    ok = false;
+    do
+    :: ok -> break
+    :: !ok && seen_waiters != 0 -> break
+    :: !ok && seen_waiters == 0 ->
+#ifdef BUG_RELEASE_NO_CAS
+        d_step { permits++; in_flight--; ok = true }  /* fetch_add after the check */
+#else
+        atomic {
+            if
+            :: permits == seen_permits && waiters == seen_waiters ->
+                permits++;
+                in_flight--;
+                ok = true
+            :: else -> seen_permits = permits; seen_waiters = waiters
+            fi
+        }
+#endif
+    od;
+    if
+    :: !ok -> hand_over(me)
+    :: else -> skip
+    fi
+}
+
+/* cancel_waiter::operator(), in thread `who`, for the node of `node`. */
+inline cancel_waiter(who, node) {
+    lock(who);
+    assert(node_alive[node]);
+    cancelled[node] = true;
+    notify(node);
+    unlock(who)
+}
+
+/* node.wake.wait(lock) / wait_until(lock, deadline): releases the mutex while
+ * asleep; a timed wait may end at any moment and then says timeout or not. */
+inline cv_wait(me, timed, timeout_status) {
+    d_step {
+        assert(mutex_owner == me);
+        mutex_owner = NOBODY;
+        sleeping[me] = true;
+        notified[me] = false
+    }
+    atomic {
+        if
+        :: notified[me]
+        :: timed  /* the deadline passed, or a spurious wake-up */
+        fi;
+        if
+        :: timed -> if :: timeout_status = true :: timeout_status = false fi
+        :: else -> timeout_status = false
+        fi;
+        sleeping[me] = false;
+        notified[me] = false
+    }
+    lock(me)
+}
+
+/* fifo_semaphore::wait(deadline, stop), the slow path. */
+inline wait_slow(me, timed, stoppable, outcome) {
+    d_step {  /* detail::waiter node; */
+        granted[me] = false;
+        cancelled[me] = false;
+        notified[me] = false;
+        node_alive[me] = true
+    }
+    /* on_stop.emplace(*stop, cancel_waiter{this, &node}) */
+    run_inline = false;
+    if
+    :: stoppable ->
+        atomic {
+            if
+            :: stop_requested[me] -> run_inline = true  /* the stop came first: the callback runs here */
+            :: else -> cb_registered[me] = true
+            fi
+        }
+        if
+        :: run_inline -> cancel_waiter(me, me)
+        :: else -> skip
+        fi
+    :: else -> skip
+    fi;
+    lock(me);
+    if
+    :: cancelled[me] -> outcome = CANCELLED
+    :: else ->
+        take_or_enqueue(me, took);
+        if
+        :: took -> outcome = ACQUIRED
+        :: else ->
+            do
+            :: true ->
+#ifdef BUG_CANCEL_BEFORE_GRANT
+                if
+                :: cancelled[me] -> outcome = CANCELLED; break
+                :: else -> skip
+                fi;
+#endif
+                if
+                :: granted[me] -> outcome = ACQUIRED; break  /* a grant wins */
+                :: else -> skip
+                fi;
+                if
+                :: cancelled[me] -> outcome = CANCELLED; break
+                :: else -> skip
+                fi;
+                cv_wait(me, timed, timeout_status);
+#ifdef BUG_TIMEOUT_IGNORES_GRANT
+                if
+                :: timed && timeout_status -> outcome = TIMED_OUT; break
+                :: else -> skip
+                fi
+#else
+                if
+                :: timed && timeout_status && !granted[me] && !cancelled[me] -> outcome = TIMED_OUT; break
+                :: else -> skip
+                fi
+#endif
+            od;
+            if
+            :: outcome != ACQUIRED ->
+                remove(me);  /* not granted, so still queued: leave */
+                waiters--    /* m_state.fetch_sub(one_waiter) */
+            :: else -> skip
+            fi
+        fi
+    fi;
+    unlock(me);  /* ~unique_lock */
+    /* ~stop_callback: deregisters, or waits for a callback running elsewhere */
+    atomic { !cb_running[me] -> cb_registered[me] = false }
+    node_alive[me] = false  /* ~waiter */
+}
+
+/* ---- the threads ------------------------------------------------------ */
+
+proctype worker(byte me) {
+    byte round = 0;
+    bool timed, stoppable, ok, took, joined, run_inline, timeout_status;
+    byte outcome, seen_permits, seen_waiters, count, next, k;
+    do
+    :: round < ROUNDS ->
+        if
+        :: timed = false; stoppable = false               /* acquire() */
+        :: timed = true;  stoppable = false               /* try_acquire_for(d) */
+        :: round == 0 -> timed = false; stoppable = true  /* acquire(stop) */
+        :: round == 0 -> timed = true;  stoppable = true  /* try_acquire_for(d, stop) */
+        fi;
+        if
+        :: stoppable && stop_requested[me] -> outcome = CANCELLED  /* checked on entry */
+        :: else ->
+            try_acquire(me, ok);
+            if
+            :: ok -> outcome = ACQUIRED
+            :: else -> wait_slow(me, timed, stoppable, outcome)
+            fi
+        fi;
+        if
+        :: outcome == ACQUIRED ->
+            assert(owned[me] == 1);
+            d_step { holding++; assert(holding <= PERMITS) }
+            holding--;
+            release(me)
+        :: else ->
+            assert(owned[me] == 0)  /* timed out or cancelled: holds nothing */
+        fi;
+        round++
+    :: else -> break
+    od;
+    finished++
+}
+
+/* Requests the stop of one worker's stop source at any moment, or never;
+ * runs the registered callback in its own thread, as std::stop_source does. */
+proctype stopper(byte node) {
+    if
+    :: atomic {
+           stop_requested[node] = true;
+           if
+           :: cb_registered[node] -> cb_running[node] = true
+           :: else -> skip
+           fi
+       };
+       if
+       :: cb_running[node] ->
+           cancel_waiter(NWORKERS + node, node);
+           cb_running[node] = false
+       :: else -> skip
+       fi
+    :: skip
+    fi
+}
+
+init {
+    byte i = 0;
+    atomic {
+        do
+        :: i < NWORKERS -> run worker(i); run stopper(i); i++
+        :: else -> break
+        od
+    }
+}

@@ -1,0 +1,106 @@
+// The Prometheus exposition: checked with a real parser (prometheus_client's,
+// from Debian's python3-prometheus-client) plus the conventions a scraper's
+// users rely on (tests/support/check_prometheus.py).
+#include "fake_pool.hpp"
+
+#include <bulkhead/bulkhead.hpp>
+#include <bulkhead/prometheus.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <stop_token>
+#include <string>
+
+#ifndef BULKHEAD_SOURCE_DIR
+#error "BULKHEAD_SOURCE_DIR must name the source tree"
+#endif
+
+using namespace std::chrono_literals;
+using bulkhead_test::fake_pool;
+
+namespace {
+
+/// Runs the format checker on `text`; returns its exit status and output.
+std::pair<int, std::string> check_format(const std::string& text) {
+    const auto path = std::filesystem::temp_directory_path() / ("bulkhead-metrics-" + std::to_string(::getpid()) + ".txt");
+    std::ofstream(path) << text;
+    const std::string command = "/usr/bin/python3 '" BULKHEAD_SOURCE_DIR "/tests/support/check_prometheus.py' '" +
+                                path.string() + "' 2>&1";
+    std::FILE* pipe = ::popen(command.c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    std::string output;
+    std::array<char, 512> buffer{};
+    while (std::fgets(buffer.data(), static_cast<int>(buffer.size()), pipe) != nullptr) {
+        output += buffer.data();
+    }
+    const int status = ::pclose(pipe);
+    std::filesystem::remove(path);
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+/// A gate that has seen every kind of outcome.
+bulkhead::gate_stats busy_gate_stats(fake_pool& pool) {
+    bulkhead::db_bulkhead<fake_pool> gate(pool, 2, 1);
+    gate.transaction(0ms, [](fake_pool::work&) {});
+    (void)gate.try_transaction({.deadline = std::chrono::steady_clock::now() - 1s}, [](fake_pool::work&) {});
+    std::stop_source stopped;
+    stopped.request_stop();
+    (void)gate.try_enter({.stop = stopped.get_token()});
+    CHECK_THROWS(gate.transaction(0ms, [](fake_pool::work&) { throw std::runtime_error("x"); }));
+    pool.fail_acquire = true;
+    (void)gate.try_transaction(0ms, [](fake_pool::work&) {});
+    pool.fail_acquire = false;
+    return gate.stats();
+}
+
+}  // namespace
+
+TEST_CASE("the Prometheus exposition of gates and pools passes a real parser and the conventions",
+          "[prometheus]") {
+    fake_pool pool;
+    bulkhead::prometheus_exposition metrics;
+    metrics.add("orders", busy_gate_stats(pool));
+    metrics.add("with \"quotes\" \\ and\nnewline", busy_gate_stats(pool));
+    bulkhead::pool_stats pool_stats;
+    pool_stats.max_size = 4;
+    pool_stats.size = 3;
+    pool_stats.idle = 1;
+    pool_stats.in_use = 2;
+    pool_stats.opened = 7;
+    pool_stats.closed[static_cast<std::size_t>(bulkhead::close_reason::broken)] = 2;
+    metrics.add("main", pool_stats);
+    const std::string text = metrics.render();
+
+    const auto [status, output] = check_format(text);
+    INFO(output);
+    CHECK(status == 0);
+    CHECK_THAT(output, Catch::Contains("valid"));
+
+    CHECK_THAT(text, Catch::Contains("bulkhead_rejections_total{gate=\"orders\",reason=\"full\"} 0\n"));
+    CHECK_THAT(text, Catch::Contains("bulkhead_rejections_total{gate=\"orders\",reason=\"cancelled\"} 1\n"));
+    CHECK_THAT(text, Catch::Contains("bulkhead_rejections_total{gate=\"orders\",reason=\"deadline\"} 1\n"));
+    CHECK_THAT(text, Catch::Contains("bulkhead_rejections_total{gate=\"orders\",reason=\"pool_timeout\"} 1\n"));
+    CHECK_THAT(text, Catch::Contains("bulkhead_completed_total{gate=\"orders\"} 1\n"));
+    CHECK_THAT(text, Catch::Contains("bulkhead_failed_total{gate=\"orders\"} 1\n"));
+    // Timed end to end: the committed call, the failed one and the pool timeout (they all reached the pool).
+    CHECK_THAT(text, Catch::Contains("bulkhead_call_seconds_count{gate=\"orders\"} 3\n"));
+    CHECK_THAT(text, Catch::Contains("bulkhead_pool_closed_total{pool=\"main\",reason=\"broken\"} 2\n"));
+    CHECK_THAT(text, Catch::Contains("gate=\"with \\\"quotes\\\" \\\\ and\\nnewline\""));
+}
+
+TEST_CASE("the format checker rejects a broken exposition (it can fail)", "[prometheus]") {
+    const auto [status, output] = check_format(
+        "# HELP bulkhead_things counter without _total\n# TYPE bulkhead_things counter\nbulkhead_things 1\n");
+    INFO(output);
+    CHECK(status == 1);
+    const auto [status2, output2] = check_format("# HELP h x\n# TYPE h_seconds histogram\nh_seconds_bucket{le=\"1\"} 3\n"
+                                                 "h_seconds_bucket{le=\"+Inf\"} 2\nh_seconds_count 2\nh_seconds_sum 1\n");
+    INFO(output2);
+    CHECK(status2 != 0);
+}
