@@ -1,0 +1,106 @@
+// The examples, run as a user would run them against the suite's server.
+#include "pg_test_database.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <thread>
+
+#ifndef BULKHEAD_ORDERS_PATH
+#define BULKHEAD_ORDERS_PATH ""
+#endif
+#ifndef BULKHEAD_METRICS_SERVER_PATH
+#define BULKHEAD_METRICS_SERVER_PATH ""
+#endif
+
+namespace {
+
+std::string require_example(const char* path, const char* name) {
+    if (std::string(path).empty()) {
+        FAIL("examples/" << name << " was not built: configure with -DBULKHEAD_BUILD_EXAMPLES=ON");
+    }
+    return path;
+}
+
+/// GET path from 127.0.0.1:port; returns the body.
+std::string http_get(int port, const std::string& path) {
+    const int socket = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(static_cast<std::uint16_t>(port));
+    REQUIRE(::connect(socket, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+    const std::string request = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    REQUIRE(::send(socket, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size()));
+    std::string response;
+    std::array<char, 4096> buffer{};
+    for (ssize_t got; (got = ::recv(socket, buffer.data(), buffer.size(), 0)) > 0;) {
+        response.append(buffer.data(), static_cast<std::size_t>(got));
+    }
+    ::close(socket);
+    REQUIRE(response.starts_with("HTTP/1.0 200 OK"));
+    return response.substr(response.find("\r\n\r\n") + 4);
+}
+
+}  // namespace
+
+TEST_CASE("examples/orders writes through one gate from several threads and ends consistent", "[pg][examples]") {
+    const std::string orders = require_example(BULKHEAD_ORDERS_PATH, "orders");
+    REQUIRE(::setenv("DB_URL", bulkhead_test::conninfo().c_str(), 1) == 0);
+    std::FILE* pipe = ::popen(("'" + orders + "'").c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    std::string output;
+    std::array<char, 256> buffer{};
+    while (std::fgets(buffer.data(), static_cast<int>(buffer.size()), pipe) != nullptr) {
+        output += buffer.data();
+    }
+    const int status = ::pclose(pipe);
+    INFO(output);
+    CHECK_THAT(output, Catch::Contains("consistent\n"));
+    CHECK_THAT(output, Catch::Contains("attempted=1600"));
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("examples/metrics_server serves an exposition that passes the format check", "[pg][examples][prometheus]") {
+    const std::string server = require_example(BULKHEAD_METRICS_SERVER_PATH, "metrics_server");
+    REQUIRE(::setenv("DB_URL", bulkhead_test::conninfo().c_str(), 1) == 0);
+    std::FILE* pipe = ::popen(("'" + server + "' 0 3").c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    std::array<char, 256> line{};
+    REQUIRE(std::fgets(line.data(), static_cast<int>(line.size()), pipe) != nullptr);
+    std::smatch port;
+    const std::string first(line.data());
+    REQUIRE(std::regex_search(first, port, std::regex(R"(127\.0\.0\.1:([0-9]+)/metrics)")));
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // let the load run: the figures must move
+    const std::string body = http_get(std::stoi(port[1].str()), "/metrics");
+    std::string rest;
+    while (std::fgets(line.data(), static_cast<int>(line.size()), pipe) != nullptr) {
+        rest += line.data();
+    }
+    const int status = ::pclose(pipe);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    INFO(rest);
+    CHECK_THAT(body, Catch::Contains("bulkhead_completed_total{gate=\"metrics-demo\"}"));
+    CHECK_THAT(body, Catch::Contains("bulkhead_pool_connections{pool=\"metrics-demo\",state=\"in_use\"}"));
+
+    const auto path = std::filesystem::temp_directory_path() / "bulkhead-metrics-server.txt";
+    std::ofstream(path) << body;
+    const std::string check = "/usr/bin/python3 '" BULKHEAD_SOURCE_DIR "/tests/support/check_prometheus.py' '" +
+                              path.string() + "'";
+    CHECK(std::system(check.c_str()) == 0);
+    std::filesystem::remove(path);
+}
