@@ -73,6 +73,7 @@
 #define ACQUIRED  0
 #define TIMED_OUT 1
 #define CANCELLED 2
+#define WAITING   3
 
 /* ---- the semaphore ---------------------------------------------------- */
 
@@ -97,6 +98,7 @@ byte qlen = 0;
 bool stop_requested[NWORKERS];  /* std::stop_source, one per worker */
 bool cb_registered[NWORKERS];   /* std::stop_callback<cancel_waiter> registered */
 bool cb_running[NWORKERS];      /* ... and running in the stopper's thread */
+bool uses_stop[NWORKERS];       /* model only: the worker's current call takes the stop_token */
 
 /* ---- model-only accounting -------------------------------------------- */
 
@@ -148,6 +150,17 @@ end:
 
 /* ---- building blocks -------------------------------------------------- */
 
+/* Granularity. Each atomic block below is one step of the interleaving. The
+ * model keeps every access to m_state (a load, a CAS, a fetch_add/sub) a step
+ * of its own, and so is every sleep and wake-up on a condition variable and
+ * every stop request. Work done under m_mutex that touches only what the
+ * mutex guards (the queue and the nodes' flags) is folded into a neighbouring
+ * step of the same critical section: no other thread can see it happen (the
+ * mutex excludes them), so folding it loses no behaviour (Lipton's reduction:
+ * the lock is a right mover, the unlock a left mover, guarded accesses move
+ * both ways). Without this the state space of three threads is beyond a
+ * CI budget. */
+
 inline lock(who) {
     atomic { mutex_owner == NOBODY -> mutex_owner = who }
 }
@@ -158,297 +171,286 @@ inline unlock(who) {
 
 /* notify_one on the node's condition variable: reaches it only if it sleeps. */
 inline notify(node) {
-    d_step {
-        assert(node_alive[node]);  /* the node is still on its thread's stack */
-        if
-        :: sleeping[node] -> notified[node] = true
-        :: else -> skip
-        fi
-    }
+    assert(node_alive[node]);  /* the node is still on its thread's stack */
+    if
+    :: sleeping[node] -> notified[node] = true
+    :: else -> skip
+    fi
 }
 
 inline push_back(node) {
-    d_step {
-        queue[qlen] = node;
-        qlen++;
-        ticket[node] = next_ticket;
-        next_ticket++
-    }
+    queue[qlen] = node;
+    qlen++;
+    ticket[node] = next_ticket;
+    next_ticket++
 }
 
 /* wait_queue::remove: unlinks `node`, which must be in the queue. */
 inline remove(node) {
-    d_step {
-        k = 0;
-        do
-        :: k < qlen && queue[k] != node -> k++
-        :: else -> break
-        od;
-        assert(k < qlen);  /* the node was in the queue */
-        do
-        :: k + 1 < qlen -> queue[k] = queue[k + 1]; k++
-        :: else -> break
-        od;
-        qlen--
-    }
+    k = 0;
+    do
+    :: k < qlen && queue[k] != node -> k++
+    :: else -> break
+    od;
+    assert(k < qlen);  /* the node was in the queue */
+    do
+    :: k + 1 < qlen -> queue[k] = queue[k + 1]; k++
+    :: else -> break
+    od;
+    qlen--;
+    k = 0
 }
 
 /* wait_queue::pop_front (or, seeded, the newest) into `node`. */
 inline pop_oldest(node) {
-    d_step {
 #ifdef BUG_LIFO
-        node = queue[qlen - 1];
-        qlen--;
+    node = queue[qlen - 1];
+    qlen--;
 #else
-        node = queue[0];
-        k = 0;
-        do
-        :: k + 1 < qlen -> queue[k] = queue[k + 1]; k++
-        :: else -> break
-        od;
-        qlen--;
+    node = queue[0];
+    k = 0;
+    do
+    :: k + 1 < qlen -> queue[k] = queue[k + 1]; k++
+    :: else -> break
+    od;
+    qlen--;
 #endif
-        /* FIFO: nobody still queued came before `node` */
-        k = 0;
-        do
-        :: k < qlen -> assert(ticket[queue[k]] > ticket[node]); k++
-        :: else -> break
-        od
-    }
+    /* FIFO: nobody still queued came before `node` */
+    k = 0;
+    do
+    :: k < qlen -> assert(ticket[queue[k]] > ticket[node]); k++
+    :: else -> break
+    od;
+    k = 0
 }
+
+/* One CAS on m_state against the word seen before (seen_permits,
+ * seen_waiters), replacing it with (new_permits, new_waiters); on failure
+ * `seen` is reloaded, as compare_exchange_weak does. */
+#define CAS_MATCHES (permits == seen_permits && waiters == seen_waiters)
+#define RELOAD seen_permits = permits; seen_waiters = waiters
 
 /* fifo_semaphore::try_acquire(): relaxed load, then CAS(seen, seen - 1). */
 inline try_acquire(me, ok) {
-    seen_permits = permits;
-    seen_waiters = waiters;
-    ok = false;
+    atomic { RELOAD; ok = false }  /* one load of the packed word */
     do
-    :: seen_waiters != 0 || seen_permits == 0 -> break
-    :: else ->
-        atomic {
-            if
-            :: permits == seen_permits && waiters == seen_waiters ->
-                assert(qlen == 0);  /* no barging past a queued waiter */
-                permits--;
-                owned[me]++;
-                ok = true
-            :: else ->  /* CAS failed: `seen` now holds the current word */
-                seen_permits = permits;
-                seen_waiters = waiters
-            fi
-        }
-        if
-        :: ok -> break
-        :: else -> skip
-        fi
+    :: atomic { seen_waiters != 0 || seen_permits == 0 -> seen_permits = 0; seen_waiters = 0; break }
+    :: atomic {
+           seen_waiters == 0 && seen_permits != 0 ->
+           if
+           :: CAS_MATCHES ->
+               assert(qlen == 0);  /* no barging past a queued waiter */
+               permits--;
+               owned[me]++;
+               ok = true;
+               seen_permits = 0; seen_waiters = 0;
+               break
+           :: else -> RELOAD
+           fi
+       }
     od
 }
 
-/* fifo_semaphore::take_or_enqueue(node), under the mutex. */
-inline take_or_enqueue(me, took) {
-    seen_permits = permits;
-    seen_waiters = waiters;
-    took = false;
-    joined = false;
+/* fifo_semaphore::release(1): while no waiter is seen, CAS(seen, seen + 1);
+ * else hand_over(1). */
+inline release(me) {
+    d_step { assert(owned[me] == 1); owned[me]--; in_flight++; RELOAD; ok = false }
     do
-    :: took || joined -> break
-    :: else ->
-        if
-        :: seen_waiters == 0 && seen_permits > 0 ->
-            atomic {
-                if
-                :: permits == seen_permits && waiters == seen_waiters ->
-                    assert(qlen == 0);
-                    permits--;
-                    owned[me]++;
-                    took = true
-                :: else -> seen_permits = permits; seen_waiters = waiters
-                fi
-            }
-        :: else ->
-            atomic {
-                if
-                :: permits == seen_permits && waiters == seen_waiters -> waiters++; joined = true
-                :: else -> seen_permits = permits; seen_waiters = waiters
-                fi
-            }
-        fi
+    :: atomic { seen_waiters != 0 -> seen_permits = 0; seen_waiters = 0; break }
+    :: atomic {
+           seen_waiters == 0 ->
+#ifdef BUG_RELEASE_NO_CAS
+           permits++;  /* fetch_add after the check: the word may have changed */
+           in_flight--;
+           ok = true;
+           seen_permits = 0; seen_waiters = 0;
+           break
+#else
+           if
+           :: CAS_MATCHES ->
+               permits++;
+               in_flight--;
+               ok = true;
+               seen_permits = 0; seen_waiters = 0;
+               break
+           :: else -> RELOAD
+           fi
+#endif
+       }
     od;
     if
-    :: joined -> push_back(me)
-    :: else -> skip
+    :: ok -> ok = false
+    :: else -> hand_over(me)
     fi
 }
 
-/* fifo_semaphore::hand_over(1). */
+/* fifo_semaphore::hand_over(1): under the mutex, grant the oldest waiter
+ * (granted = true, waiters - 1, notify) or add the permit to the free count. */
 inline hand_over(me) {
-    lock(me);
-    count = 1;
-    next = NOBODY;
-#ifndef BUG_HANDOVER_FREES
-    do
-    :: count > 0 && qlen > 0 ->
-        pop_oldest(next);
-        d_step {  /* next.granted = true: the permit is the waiter's now */
-            granted[next] = true;
+    atomic {
+        mutex_owner == NOBODY -> mutex_owner = me;
+#ifdef BUG_HANDOVER_FREES
+        next = NOBODY
+#else
+        if
+        :: qlen > 0 ->
+            pop_oldest(next);
+            granted[next] = true;  /* the permit is the waiter's from here */
             owned[next]++;
             in_flight--
-        }
+        :: else -> next = NOBODY
+        fi
+#endif
+    }
+    if
+    :: next != NOBODY ->
         waiters--;  /* m_state.fetch_sub(one_waiter) */
-#ifndef BUG_NOTIFY_AFTER_UNLOCK
-        notify(next);
-#endif
-        count--
-    :: else -> break
-    od;
-#endif
-    if
-    :: count > 0 ->
-        d_step { permits = permits + count; in_flight = in_flight - count }  /* m_state.fetch_add(count) */
-    :: else -> skip
-    fi;
-    unlock(me);
 #ifdef BUG_NOTIFY_AFTER_UNLOCK
-    if
-    :: next != NOBODY -> notify(next)
-    :: else -> skip
-    fi
-#endif
-}
-
-/* fifo_semaphore::release(1). */
-inline release(me) {
-    d_step { assert(owned[me] == 1); owned[me]--; in_flight++ }
-    seen_permits = permits;
-    seen_waiters = waiters;
-    ok = false;
-    do
-    :: ok -> break
-    :: !ok && seen_waiters != 0 -> break
-    :: !ok && seen_waiters == 0 ->
-#ifdef BUG_RELEASE_NO_CAS
-        d_step { permits++; in_flight--; ok = true }  /* fetch_add after the check */
+        unlock(me);
+        notify(next)  /* the node may be gone by now */
 #else
-        atomic {
-            if
-            :: permits == seen_permits && waiters == seen_waiters ->
-                permits++;
-                in_flight--;
-                ok = true
-            :: else -> seen_permits = permits; seen_waiters = waiters
-            fi
-        }
+        d_step { notify(next); assert(mutex_owner == me); mutex_owner = NOBODY }  /* notify, then unlock */
 #endif
-    od;
-    if
-    :: !ok -> hand_over(me)
-    :: else -> skip
-    fi
+    :: else ->
+        d_step { permits++; in_flight-- }  /* m_state.fetch_add(count) */
+        unlock(me)
+    fi;
+    next = 0
 }
 
-/* cancel_waiter::operator(), in thread `who`, for the node of `node`. */
+/* cancel_waiter::operator(), in thread `who`, for the node of `node`: one
+ * critical section touching only guarded state and the node's condvar. */
 inline cancel_waiter(who, node) {
-    lock(who);
-    assert(node_alive[node]);
-    cancelled[node] = true;
-    notify(node);
-    unlock(who)
-}
-
-/* node.wake.wait(lock) / wait_until(lock, deadline): releases the mutex while
- * asleep; a timed wait may end at any moment and then says timeout or not. */
-inline cv_wait(me, timed, timeout_status) {
-    d_step {
-        assert(mutex_owner == me);
-        mutex_owner = NOBODY;
-        sleeping[me] = true;
-        notified[me] = false
-    }
     atomic {
-        if
-        :: notified[me]
-        :: timed  /* the deadline passed, or a spurious wake-up */
-        fi;
-        if
-        :: timed -> if :: timeout_status = true :: timeout_status = false fi
-        :: else -> timeout_status = false
-        fi;
-        sleeping[me] = false;
-        notified[me] = false
+        mutex_owner == NOBODY ->
+        assert(node_alive[node]);
+        cancelled[node] = true;
+        notify(node)
+        /* the mutex is let go at the end of the block */
     }
-    lock(me)
 }
 
 /* fifo_semaphore::wait(deadline, stop), the slow path. */
 inline wait_slow(me, timed, stoppable, outcome) {
-    d_step {  /* detail::waiter node; */
+    /* detail::waiter node; std::optional<std::stop_callback> on_stop; */
+    d_step {
         granted[me] = false;
         cancelled[me] = false;
         notified[me] = false;
         node_alive[me] = true
     }
-    /* on_stop.emplace(*stop, cancel_waiter{this, &node}) */
-    run_inline = false;
+    /* on_stop.emplace(*stop, cancel_waiter{this, &node}): registers, or runs
+     * the callback here when the stop came first */
     if
     :: stoppable ->
         atomic {
             if
-            :: stop_requested[me] -> run_inline = true  /* the stop came first: the callback runs here */
+            :: stop_requested[me] -> run_inline = true
             :: else -> cb_registered[me] = true
             fi
         }
         if
-        :: run_inline -> cancel_waiter(me, me)
+        :: run_inline -> cancel_waiter(me, me); run_inline = false
         :: else -> skip
         fi
     :: else -> skip
     fi;
-    lock(me);
-    if
-    :: cancelled[me] -> outcome = CANCELLED
-    :: else ->
-        take_or_enqueue(me, took);
+    /* std::unique_lock lock(m_mutex); if (node.cancelled) return cancelled; */
+    atomic {
+        mutex_owner == NOBODY -> mutex_owner = me;
         if
-        :: took -> outcome = ACQUIRED
-        :: else ->
-            do
-            :: true ->
-#ifdef BUG_CANCEL_BEFORE_GRANT
-                if
-                :: cancelled[me] -> outcome = CANCELLED; break
-                :: else -> skip
-                fi;
-#endif
-                if
-                :: granted[me] -> outcome = ACQUIRED; break  /* a grant wins */
-                :: else -> skip
-                fi;
-                if
-                :: cancelled[me] -> outcome = CANCELLED; break
-                :: else -> skip
-                fi;
-                cv_wait(me, timed, timeout_status);
-#ifdef BUG_TIMEOUT_IGNORES_GRANT
-                if
-                :: timed && timeout_status -> outcome = TIMED_OUT; break
-                :: else -> skip
-                fi
-#else
-                if
-                :: timed && timeout_status && !granted[me] && !cancelled[me] -> outcome = TIMED_OUT; break
-                :: else -> skip
-                fi
-#endif
-            od;
-            if
-            :: outcome != ACQUIRED ->
-                remove(me);  /* not granted, so still queued: leave */
-                waiters--    /* m_state.fetch_sub(one_waiter) */
-            :: else -> skip
-            fi
+        :: cancelled[me] -> outcome = CANCELLED
+        :: else -> outcome = WAITING; RELOAD
         fi
+    }
+    /* take_or_enqueue(node), under the mutex */
+    do
+    :: outcome != WAITING || took || joined -> break
+    :: atomic {
+           outcome == WAITING && !took && !joined && seen_waiters == 0 && seen_permits > 0 ->
+           if
+           :: CAS_MATCHES ->
+               assert(qlen == 0);
+               permits--;
+               owned[me]++;
+               took = true;
+               outcome = ACQUIRED
+           :: else -> RELOAD
+           fi
+       }
+    :: atomic {
+           outcome == WAITING && !took && !joined && !(seen_waiters == 0 && seen_permits > 0) ->
+           if
+           :: CAS_MATCHES ->
+               waiters++;
+               joined = true;
+               push_back(me)
+           :: else -> RELOAD
+           fi
+       }
+    od;
+    atomic { seen_permits = 0; seen_waiters = 0; took = false }
+    /* for (;;) { granted? cancelled? sleep } */
+    do
+    :: outcome != WAITING -> break
+    :: atomic {
+           outcome == WAITING ->
+           assert(mutex_owner == me);
+#ifdef BUG_CANCEL_BEFORE_GRANT
+           if
+           :: cancelled[me] -> outcome = CANCELLED
+           :: !cancelled[me] && granted[me] -> outcome = ACQUIRED
+#else
+           if
+           :: granted[me] -> outcome = ACQUIRED  /* a grant wins */
+           :: !granted[me] && cancelled[me] -> outcome = CANCELLED
+#endif
+           :: !granted[me] && !cancelled[me] ->
+               /* node.wake.wait(lock) / wait_until(lock, deadline): lets go of the mutex */
+               mutex_owner = NOBODY;
+               sleeping[me] = true;
+               notified[me] = false
+           fi
+       };
+       if
+       :: outcome == WAITING ->
+           /* woken by notify_one, or (timed waits only) by the deadline or
+            * spuriously, at any moment; wait_until then says timeout or not */
+           atomic {
+               (notified[me] || timed) ->
+               if
+               :: timed -> if :: timeout_status = true :: timeout_status = false fi
+               :: else -> timeout_status = false
+               fi;
+               sleeping[me] = false;
+               notified[me] = false
+           }
+           /* the wait takes the mutex again before it returns */
+           atomic {
+               mutex_owner == NOBODY -> mutex_owner = me;
+#ifdef BUG_TIMEOUT_IGNORES_GRANT
+               if
+               :: timed && timeout_status -> outcome = TIMED_OUT
+               :: else -> skip
+               fi;
+#else
+               if
+               :: timed && timeout_status && !granted[me] && !cancelled[me] -> outcome = TIMED_OUT
+               :: else -> skip
+               fi;
+#endif
+               timeout_status = false
+           }
+       :: else -> skip
+       fi
+    od;
+    if
+    :: joined && outcome != ACQUIRED ->
+        /* not granted, so still queued: m_queue.remove(node), then
+         * m_state.fetch_sub(one_waiter); the unique_lock lets go */
+        d_step { remove(me); waiters--; assert(mutex_owner == me); mutex_owner = NOBODY; joined = false }
+    :: else -> d_step { assert(mutex_owner == me); mutex_owner = NOBODY; joined = false }  /* ~unique_lock */
     fi;
-    unlock(me);  /* ~unique_lock */
     /* ~stop_callback: deregisters, or waits for a callback running elsewhere */
     atomic { !cb_running[me] -> cb_registered[me] = false }
     node_alive[me] = false  /* ~waiter */
@@ -462,12 +464,24 @@ proctype worker(byte me) {
     byte outcome, seen_permits, seen_waiters, count, next, k;
     do
     :: round < ROUNDS ->
+#ifdef ANY_KIND
         if
         :: timed = false; stoppable = false               /* acquire() */
         :: timed = true;  stoppable = false               /* try_acquire_for(d) */
         :: round == 0 -> timed = false; stoppable = true  /* acquire(stop) */
         :: round == 0 -> timed = true;  stoppable = true  /* try_acquire_for(d, stop) */
         fi;
+#else
+        /* fixed roles: 0 acquire(), 1 try_acquire_for(d), 2 acquire(stop) or
+         * try_acquire_for(d, stop); later rounds acquire() or try_acquire_for(d) */
+        if
+        :: me == 0 || (round > 0 && me % 2 == 0) -> timed = false; stoppable = false
+        :: me == 1 || (round > 0 && me % 2 == 1) -> timed = true;  stoppable = false
+        :: me >= 2 && round == 0 -> stoppable = true; if :: timed = false :: timed = true fi
+        :: else -> skip
+        fi;
+#endif
+        uses_stop[me] = stoppable;
         if
         :: stoppable && stop_requested[me] -> outcome = CANCELLED  /* checked on entry */
         :: else ->
@@ -481,7 +495,7 @@ proctype worker(byte me) {
         :: outcome == ACQUIRED ->
             assert(owned[me] == 1);
             d_step { holding++; assert(holding <= PERMITS) }
-            holding--;
+            holding--;  /* the work is done */
             release(me)
         :: else ->
             assert(owned[me] == 0)  /* timed out or cancelled: holds nothing */
@@ -496,7 +510,10 @@ proctype worker(byte me) {
  * runs the registered callback in its own thread, as std::stop_source does. */
 proctype stopper(byte node) {
     if
-    :: atomic {
+    :: skip  /* never requests a stop */
+    :: true ->
+end:   uses_stop[node];  /* only a call that takes the token can see the stop */
+       atomic {
            stop_requested[node] = true;
            if
            :: cb_registered[node] -> cb_running[node] = true
@@ -506,10 +523,9 @@ proctype stopper(byte node) {
        if
        :: cb_running[node] ->
            cancel_waiter(NWORKERS + node, node);
-           cb_running[node] = false
+           cb_running[node] = false  /* request_stop() returns */
        :: else -> skip
        fi
-    :: skip
     fi
 }
 

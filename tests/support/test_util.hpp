@@ -20,6 +20,20 @@ void await(Predicate done) {
     }
 }
 
+/// Spins (yielding) until `done()` holds, for use off the test's main thread
+/// (Catch2's assertions are not thread-safe): true when it held within 10 s.
+template <class Predicate>
+[[nodiscard]] bool eventually(Predicate done) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!done()) {
+        if (std::chrono::steady_clock::now() >= give_up) {
+            return false;
+        }
+        std::this_thread::yield();
+    }
+    return true;
+}
+
 /// Raises `most` to `value` if it is larger (a lock-free running maximum).
 template <class T>
 void raise_max(std::atomic<T>& most, T value) noexcept {

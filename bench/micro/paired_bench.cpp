@@ -1,0 +1,191 @@
+// Paired measurements for the targets that are ratios. Two operations are
+// timed in alternating blocks (A B, B A, A B, ...) inside one benchmark, and
+// each is reported as its fastest block. A burst of load on a shared machine
+// then slows both sides of a ratio alike, or is skipped over by the minimum,
+// instead of landing on one side only (which separate benchmarks, minutes
+// apart, cannot rule out).
+//
+// Counters: a_ns and b_ns (ns per operation, the fastest block of each),
+// ratio = a_ns / b_ns.
+#include "bench_support.hpp"
+
+#include <bulkhead/admission_counter.hpp>
+#include <bulkhead/db_bulkhead.hpp>
+#include <bulkhead/fifo_semaphore.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <latch>
+#include <limits>
+#include <mutex>
+#include <semaphore>
+#include <stop_token>
+#include <thread>
+
+namespace {
+
+using bulkhead_bench::now_ns;
+
+/// Times `operations` calls of `operation`; returns ns per call.
+template <class Operation>
+double time_block(std::int64_t operations, Operation& operation) {
+    const std::int64_t started = now_ns();
+    for (std::int64_t i = 0; i < operations; ++i) {
+        operation();
+    }
+    return static_cast<double>(now_ns() - started) / static_cast<double>(operations);
+}
+
+/// Each iteration is one round: a block of A and a block of B, in
+/// alternating order. Reports the fastest block of each and their ratio.
+template <class A, class B>
+void paired(benchmark::State& state, std::int64_t block, A&& a, B&& b) {
+    double best_a = std::numeric_limits<double>::max();
+    double best_b = std::numeric_limits<double>::max();
+    bool a_first = true;
+    for (auto _ : state) {
+        if (a_first) {
+            best_a = std::min(best_a, time_block(block, a));
+            best_b = std::min(best_b, time_block(block, b));
+        } else {
+            best_b = std::min(best_b, time_block(block, b));
+            best_a = std::min(best_a, time_block(block, a));
+        }
+        a_first = !a_first;
+    }
+    state.counters["a_ns"] = best_a;
+    state.counters["b_ns"] = best_b;
+    state.counters["ratio"] = best_a / best_b;
+}
+
+/// 200 rounds of two blocks: about 0.1 s for the fast pairs.
+constexpr benchmark::IterationCount rounds = 200;
+
+// --- fifo_semaphore vs std::counting_semaphore, uncontended --------------------
+
+void fifo_vs_std(benchmark::State& state) {
+    bulkhead::fifo_semaphore fifo(16);
+    std::counting_semaphore<> standard(16);
+    paired(
+        state, 10'000,
+        [&] {
+            fifo.acquire();
+            fifo.release();
+        },
+        [&] {
+            standard.acquire();
+            standard.release();
+        });
+}
+BENCHMARK(fifo_vs_std)
+    ->Name("paired/fifo_semaphore_vs_std_counting_semaphore")
+    ->Iterations(rounds)
+    ->Apply(bulkhead_bench::one_thread);
+
+// --- admission_counter vs the raw atomic pair -----------------------------------
+
+void counter_vs_atomic_pair(benchmark::State& state) {
+    bulkhead::admission_counter counter(bulkhead::admission_counter::max_capacity);
+    alignas(64) std::atomic<std::int64_t> word{std::int64_t{1} << 40};
+    paired(
+        state, 10'000,
+        [&] {
+            const bool admitted = counter.try_acquire();
+            benchmark::DoNotOptimize(admitted);
+            counter.release();
+        },
+        [&] {
+            word.fetch_sub(1, std::memory_order_acquire);
+            word.fetch_add(1, std::memory_order_release);
+        });
+}
+BENCHMARK(counter_vs_atomic_pair)
+    ->Name("paired/admission_counter_vs_atomic_pair")
+    ->Iterations(rounds)
+    ->Apply(bulkhead_bench::one_thread);
+
+// --- the gate's enter/leave vs the raw atomic pair (absolute figure: a_ns) -------
+
+void gate_vs_atomic_pair(benchmark::State& state) {
+    bulkhead_bench::null_pool pool;
+    bulkhead::db_bulkhead<bulkhead_bench::null_pool> gate(pool, 1, 0);
+    alignas(64) std::atomic<std::int64_t> word{std::int64_t{1} << 40};
+    paired(
+        state, 10'000, [&] { gate.enter().release(); },
+        [&] {
+            word.fetch_sub(1, std::memory_order_acquire);
+            word.fetch_add(1, std::memory_order_release);
+        });
+}
+BENCHMARK(gate_vs_atomic_pair)
+    ->Name("paired/gate_enter_leave_vs_atomic_pair")
+    ->Iterations(rounds)
+    ->Apply(bulkhead_bench::one_thread);
+
+// --- the non-throwing reject vs std::counting_semaphore::try_acquire on empty ----
+
+/// A gate (B = 1, Q = 0) whose one permit a thread of its own holds.
+class held_gate {
+public:
+    held_gate() : m_gate(m_pool, 1, 0) {
+        std::latch entered(1);
+        m_holder = std::jthread([this, &entered](const std::stop_token& stop) {
+            const bulkhead::permit held = m_gate.enter();
+            entered.count_down();
+            std::mutex mutex;
+            std::condition_variable_any until_stopped;
+            std::unique_lock lock(mutex);
+            until_stopped.wait(lock, stop, [] { return false; });
+        });
+        entered.wait();
+    }
+    bulkhead::db_bulkhead<bulkhead_bench::null_pool>& gate() noexcept { return m_gate; }
+
+private:
+    bulkhead_bench::null_pool m_pool;
+    bulkhead::db_bulkhead<bulkhead_bench::null_pool> m_gate;
+    std::jthread m_holder;  // destroyed first: stops, releases its permit, joins
+};
+
+void reject_vs_std_try_acquire(benchmark::State& state) {
+    held_gate full;
+    std::counting_semaphore<> empty(0);
+    // The std side costs about a microsecond a call: smaller blocks.
+    paired(
+        state, 200,
+        [&] {
+            const bulkhead::result<bulkhead::permit> outcome = full.gate().try_enter();
+            benchmark::DoNotOptimize(outcome);
+        },
+        [&] {
+            const bool acquired = empty.try_acquire();
+            benchmark::DoNotOptimize(acquired);
+        });
+}
+BENCHMARK(reject_vs_std_try_acquire)
+    ->Name("paired/gate_try_enter_reject_vs_std_try_acquire_empty")
+    ->Iterations(rounds)
+    ->Apply(bulkhead_bench::one_thread);
+
+void transaction_reject_vs_std_try_acquire(benchmark::State& state) {
+    held_gate full;
+    std::counting_semaphore<> empty(0);
+    paired(
+        state, 200,
+        [&] {
+            const bulkhead::result<void> outcome =
+                full.gate().try_transaction(std::chrono::nanoseconds(0), bulkhead_bench::do_nothing);
+            benchmark::DoNotOptimize(outcome);
+        },
+        [&] {
+            const bool acquired = empty.try_acquire();
+            benchmark::DoNotOptimize(acquired);
+        });
+}
+BENCHMARK(transaction_reject_vs_std_try_acquire)
+    ->Name("paired/gate_try_transaction_reject_vs_std_try_acquire_empty")
+    ->Iterations(rounds)
+    ->Apply(bulkhead_bench::one_thread);
+
+}  // namespace
