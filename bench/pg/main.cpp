@@ -1233,8 +1233,8 @@ int run(const settings& config) {
             }
         }
         line(
-            format("- Gate + pool vs raw libpqxx on SELECT 1, %d threads each: throughput ratio %s (read-only "
-                   "transactions; %s as read-write) against >= 0.98: %s.",
+            format("- Gate + pool vs raw libpqxx on SELECT 1, %d threads each, client and server sharing 2 cores: "
+                   "throughput ratio %s (read-only transactions; %s as read-write) against >= 0.98: %s.",
                    threads, number(ratio, 3).c_str(), number(ratio_rw, 3).c_str(), verdict(ratio >= 0.98).c_str()));
         line(format("- Round trips per call: gate %s, raw %s; server transactions per call: gate %s, raw %s: %s.",
                     number(gate_trips, 2).c_str(), number(raw_trips, 2).c_str(), number(gate_xact, 2).c_str(),

@@ -592,10 +592,11 @@ private:
         std::chrono::nanoseconds wait = call.queue_wait;
         bool deadline_binds = false;
         if (call.deadline != clock::time_point::max()) {
-            const auto left = call.deadline - clock::now();
-            if (left <= left.zero()) {
+            const clock::time_point now = clock::now();
+            if (call.deadline <= now) {  // compared before subtracting: time_point::min() cannot overflow
                 return refuse(reject_reason::deadline_exceeded);
             }
+            const auto left = call.deadline - now;
             if (left < wait) {
                 wait = std::chrono::duration_cast<std::chrono::nanoseconds>(left);
                 deadline_binds = true;

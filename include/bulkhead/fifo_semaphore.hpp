@@ -128,10 +128,13 @@ public:
         return try_acquire() ? wait_status::acquired : wait(relative_deadline(rel_time), &stop);
     }
 
-    /// Waits until `abs_time` (on any clock) for a permit.
+    /// Waits until `abs_time` (on any clock) for a permit. The time left is
+    /// taken on entry and becomes one steady_clock deadline (so a jump of
+    /// `Clock` during the wait does not change it); time_point::max() and
+    /// other points too far away to represent mean "no deadline".
     template <class Clock, class Duration>
     [[nodiscard]] bool try_acquire_until(const std::chrono::time_point<Clock, Duration>& abs_time) {
-        return try_acquire() || wait(abs_time, nullptr) == wait_status::acquired;
+        return try_acquire() || wait(relative_deadline(time_left(abs_time)), nullptr) == wait_status::acquired;
     }
 
     /// Waits until `abs_time` (on any clock) for a permit, giving up when
@@ -142,7 +145,7 @@ public:
         if (stop.stop_requested()) {
             return wait_status::cancelled;
         }
-        return try_acquire() ? wait_status::acquired : wait(abs_time, &stop);
+        return try_acquire() ? wait_status::acquired : wait(relative_deadline(time_left(abs_time)), &stop);
     }
 
     /// Returns `count` permits. Each goes straight to the oldest waiter, if
@@ -194,14 +197,23 @@ private:
         return static_cast<std::uint64_t>(permits);
     }
 
+    /// The time from now until `abs_time`, computed in floating point so that
+    /// no time point (max(), coarse durations) can overflow.
+    template <class Clock, class Duration>
+    static std::chrono::duration<double> time_left(const std::chrono::time_point<Clock, Duration>& abs_time) {
+        using std::chrono::duration;
+        return duration<double>(abs_time.time_since_epoch()) - duration<double>(Clock::now().time_since_epoch());
+    }
+
     /// A relative wait becomes one steady_clock deadline; a wait too long to
-    /// represent (hours::max()) saturates to "no deadline".
+    /// represent (hours::max()) saturates to "no deadline"; a zero, negative
+    /// or NaN wait means "do not wait".
     template <class Rep, class Period>
     static std::optional<std::chrono::steady_clock::time_point> relative_deadline(
         const std::chrono::duration<Rep, Period>& rel_time) {
         using namespace std::chrono;
         const auto now = steady_clock::now();
-        if (rel_time <= rel_time.zero()) {
+        if (!(duration<double>(rel_time).count() > 0.0)) {  // also NaN
             return now;
         }
         if (duration<double>(rel_time) >= duration<double>(steady_clock::time_point::max() - now)) {

@@ -1856,6 +1856,11 @@ private:
             throw deadline_exceeded("db deadline passed before the transaction began");
         }
         const auto shorten = [&](std::optional<std::chrono::milliseconds>& timeout) {
+            // A deadline further away than the server's largest timeout
+            // (INT_MAX ms, about 24.8 days) cannot bind: leave the timeout be.
+            if (left.count() > INT_MAX) {
+                return false;
+            }
             // 0 disables a timeout on the server: the deadline then applies.
             if (!timeout || timeout->count() == 0 || left < *timeout) {
                 timeout = left;

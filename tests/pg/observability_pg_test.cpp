@@ -34,7 +34,7 @@ struct close_log {
 
 }  // namespace
 
-TEST_CASE("pool stats: opened, and closed for each reason, with the hook told", "[pg][stats]") {
+TEST_CASE("pool stats, opened, and closed for each reason, with the hook told", "[pg][stats]") {
     close_log log;
     auto options = pool_options("bulkhead-stats-close", 2);
     options.validate_after_idle = 0ms;
@@ -90,7 +90,7 @@ TEST_CASE("pool stats: opened, and closed for each reason, with the hook told", 
     CHECK(log.reasons.size() == 5);
 }
 
-TEST_CASE("pool stats: lifetime and idle retirement, and connection failures, are counted", "[pg][stats]") {
+TEST_CASE("pool stats, lifetime and idle retirement, and connection failures, are counted", "[pg][stats]") {
     SECTION("lifetime") {
         auto options = pool_options("bulkhead-stats-lifetime", 1);
         options.max_lifetime = 250ms;

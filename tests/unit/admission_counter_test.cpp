@@ -37,7 +37,7 @@ TEST_CASE("admission_counter rejects a negative or oversized capacity", "[counte
     CHECK_THROWS_AS(admission_counter(admission_counter::max_capacity + 1), std::invalid_argument);
 }
 
-TEST_CASE("admission_counter: concurrent callers never take more than the capacity", "[counter][stress]") {
+TEST_CASE("admission_counter, concurrent callers never take more than the capacity", "[counter][stress]") {
     admission_counter slots(3);
     std::atomic<int> holding{0};
     std::atomic<int> most{0};

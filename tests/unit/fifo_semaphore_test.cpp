@@ -46,7 +46,7 @@ TEST_CASE("fifo_semaphore rejects a negative or oversized count", "[semaphore]")
     CHECK_NOTHROW(fifo_semaphore(0));
 }
 
-TEST_CASE("fifo_semaphore: a zero or negative wait succeeds when a permit is free", "[semaphore][timeout]") {
+TEST_CASE("fifo_semaphore, a zero or negative wait succeeds when a permit is free", "[semaphore][timeout]") {
     fifo_semaphore sem(1);
     CHECK(sem.try_acquire_for(0ms));
     CHECK_FALSE(sem.try_acquire_for(0ms));
@@ -55,7 +55,7 @@ TEST_CASE("fifo_semaphore: a zero or negative wait succeeds when a permit is fre
     CHECK(sem.try_acquire_for(-5ms));
 }
 
-TEST_CASE("fifo_semaphore: a timed wait gives up after its wait, within bounds", "[semaphore][timeout]") {
+TEST_CASE("fifo_semaphore, a timed wait gives up after its wait, within bounds", "[semaphore][timeout]") {
     fifo_semaphore sem(0);
     const auto start = std::chrono::steady_clock::now();
     CHECK_FALSE(sem.try_acquire_for(50ms));
@@ -66,7 +66,7 @@ TEST_CASE("fifo_semaphore: a timed wait gives up after its wait, within bounds",
     CHECK(sem.available() == 0);
 }
 
-TEST_CASE("fifo_semaphore: try_acquire_until accepts any clock", "[semaphore][timeout]") {
+TEST_CASE("fifo_semaphore, try_acquire_until accepts any clock", "[semaphore][timeout]") {
     fifo_semaphore sem(0);
     CHECK_FALSE(sem.try_acquire_until(std::chrono::system_clock::now() + 20ms));
     CHECK(sem.try_acquire_until(std::chrono::steady_clock::now() - 1s, std::stop_token{}) == wait_status::timed_out);
@@ -74,7 +74,7 @@ TEST_CASE("fifo_semaphore: try_acquire_until accepts any clock", "[semaphore][ti
     CHECK(sem.try_acquire_until(std::chrono::system_clock::now() + 20ms));
 }
 
-TEST_CASE("fifo_semaphore: an enormous wait does not overflow", "[semaphore][timeout]") {
+TEST_CASE("fifo_semaphore, an enormous wait does not overflow", "[semaphore][timeout]") {
     fifo_semaphore sem(0);
     std::thread releaser;
     std::atomic<bool> got{false};
@@ -85,7 +85,7 @@ TEST_CASE("fifo_semaphore: an enormous wait does not overflow", "[semaphore][tim
     CHECK(got);
 }
 
-TEST_CASE("fifo_semaphore: a stop request ends the wait with cancelled", "[semaphore][cancel]") {
+TEST_CASE("fifo_semaphore, a stop request ends the wait with cancelled", "[semaphore][cancel]") {
     fifo_semaphore sem(0);
 
     SECTION("a stop already requested returns at once, even with a free permit") {
@@ -120,7 +120,7 @@ TEST_CASE("fifo_semaphore: a stop request ends the wait with cancelled", "[semap
     }
 }
 
-TEST_CASE("fifo_semaphore: try_acquire never overtakes a queued waiter", "[semaphore][fifo]") {
+TEST_CASE("fifo_semaphore, try_acquire never overtakes a queued waiter", "[semaphore][fifo]") {
     fifo_semaphore sem(0);
     std::atomic<bool> waiter_got{false};
     std::thread waiter([&] {
@@ -169,7 +169,7 @@ TEST_CASE("fifo_semaphore grants permits in arrival order", "[semaphore][fifo]")
     CHECK(sem.available() == 1);
 }
 
-TEST_CASE("fifo_semaphore: a release of n permits wakes the n oldest waiters", "[semaphore][fifo]") {
+TEST_CASE("fifo_semaphore, a release of n permits wakes the n oldest waiters", "[semaphore][fifo]") {
     fifo_semaphore sem(0);
     std::atomic<int> granted{0};
     std::vector<std::thread> threads;
@@ -199,7 +199,7 @@ TEST_CASE("fifo_semaphore: a release of n permits wakes the n oldest waiters", "
     CHECK(sem.available() == 0);
 }
 
-TEST_CASE("fifo_semaphore: a timeout racing a release neither loses nor duplicates a permit",
+TEST_CASE("fifo_semaphore, a timeout racing a release neither loses nor duplicates a permit",
           "[semaphore][race][timeout]") {
     std::mt19937 random(20261130);
     std::uniform_int_distribution<int> wait_us(0, 200);
@@ -226,7 +226,7 @@ TEST_CASE("fifo_semaphore: a timeout racing a release neither loses nor duplicat
     CHECK(acquired + timed_out == 5000);
 }
 
-TEST_CASE("fifo_semaphore: a cancellation racing a release neither loses nor duplicates a permit",
+TEST_CASE("fifo_semaphore, a cancellation racing a release neither loses nor duplicates a permit",
           "[semaphore][race][cancel]") {
     int acquired = 0;
     int cancelled = 0;
@@ -256,7 +256,7 @@ TEST_CASE("fifo_semaphore: a cancellation racing a release neither loses nor dup
     CHECK(acquired + cancelled == 5000);
 }
 
-TEST_CASE("fifo_semaphore: many threads never hold more than the permits", "[semaphore][stress]") {
+TEST_CASE("fifo_semaphore, many threads never hold more than the permits", "[semaphore][stress]") {
     const int permits = GENERATE(1, 3);
     fifo_semaphore sem(permits);
     std::atomic<int> holding{0};

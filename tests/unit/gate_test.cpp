@@ -722,7 +722,7 @@ TEST_CASE("the observer hears every rejection", "[gate][observer]") {
 }
 
 // --- work in progress: stop requests, deadlines ------------------------------
-TEST_CASE("a stop request while the callback runs cancels the work: cancel is asked, nothing is committed",
+TEST_CASE("a stop request while the callback runs cancels the work, cancel is asked, nothing is committed",
           "[gate][cancel]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);
@@ -773,7 +773,7 @@ TEST_CASE("a stop request while the callback runs cancels the work: cancel is as
     CHECK(pool.in_use == 0);
 }
 
-TEST_CASE("work_cancelled is not a rejection: the work had started", "[gate][cancel]") {
+TEST_CASE("work_cancelled is not a rejection, the work had started", "[gate][cancel]") {
     static_assert(!std::is_base_of_v<bulkhead::rejected, bulkhead::work_cancelled>);
     static_assert(!std::is_base_of_v<bulkhead::rejected, bulkhead::work_deadline_exceeded>);
     static_assert(!std::is_base_of_v<bulkhead::rejected, bulkhead::commit_unknown>);

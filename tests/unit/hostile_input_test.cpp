@@ -67,7 +67,7 @@ int work_value(fake_pool::work& /*work*/) { return 7; }
 // fifo_semaphore
 // ---------------------------------------------------------------------------
 
-TEST_CASE("hostile: fifo_semaphore refuses negative and oversized counts, naming them", "[hostile][semaphore]") {
+TEST_CASE("hostile, fifo_semaphore refuses negative and oversized counts, naming them", "[hostile][semaphore]") {
     for (const std::int64_t bad : {std::int64_t{-1}, std::numeric_limits<std::int64_t>::min(),
                                    bulkhead::fifo_semaphore::max_permits + 1, std::numeric_limits<std::int64_t>::max()}) {
         INFO("permits " << bad);
@@ -83,7 +83,7 @@ TEST_CASE("hostile: fifo_semaphore refuses negative and oversized counts, naming
     CHECK(largest.available() == bulkhead::fifo_semaphore::max_permits);
 }
 
-TEST_CASE("hostile: fifo_semaphore waits of zero, negative or minimal length never block and change nothing",
+TEST_CASE("hostile, fifo_semaphore waits of zero, negative or minimal length never block and change nothing",
           "[hostile][semaphore][timeout]") {
     bulkhead::fifo_semaphore semaphore(0);
     const auto start = steady::now();
@@ -108,7 +108,7 @@ TEST_CASE("hostile: fifo_semaphore waits of zero, negative or minimal length nev
     CHECK(semaphore.available() == 0);
 }
 
-TEST_CASE("hostile: fifo_semaphore waits too long to represent wait until a stop, and succeed at once when free",
+TEST_CASE("hostile, fifo_semaphore waits too long to represent wait until a stop, and succeed at once when free",
           "[hostile][semaphore][timeout]") {
     bulkhead::fifo_semaphore semaphore(1);
     CHECK(semaphore.try_acquire_for(std::chrono::hours::max()));
@@ -142,7 +142,7 @@ TEST_CASE("hostile: fifo_semaphore waits too long to represent wait until a stop
     CHECK(semaphore.available() == 1);
 }
 
-TEST_CASE("hostile: fifo_semaphore release of zero permits changes nothing", "[hostile][semaphore]") {
+TEST_CASE("hostile, fifo_semaphore release of zero permits changes nothing", "[hostile][semaphore]") {
     bulkhead::fifo_semaphore semaphore(2);
     semaphore.release(0);
     CHECK(semaphore.available() == 2);
@@ -152,7 +152,7 @@ TEST_CASE("hostile: fifo_semaphore release of zero permits changes nothing", "[h
 // admission_counter
 // ---------------------------------------------------------------------------
 
-TEST_CASE("hostile: admission_counter refuses negative and oversized capacities, naming them", "[hostile][counter]") {
+TEST_CASE("hostile, admission_counter refuses negative and oversized capacities, naming them", "[hostile][counter]") {
     CHECK_THROWS_MATCHES(bulkhead::admission_counter(-1), std::invalid_argument,
                          Catch::Message("bulkhead::admission_counter: capacity must not be negative"));
     CHECK_THROWS_MATCHES(bulkhead::admission_counter(std::numeric_limits<std::int64_t>::min()), std::invalid_argument,
@@ -168,7 +168,7 @@ TEST_CASE("hostile: admission_counter refuses negative and oversized capacities,
 // db_bulkhead: construction
 // ---------------------------------------------------------------------------
 
-TEST_CASE("hostile: a gate refuses every impossible B and Q, naming which, and builds nothing",
+TEST_CASE("hostile, a gate refuses every impossible B and Q, naming which, and builds nothing",
           "[hostile][gate][A1]") {
     fake_pool pool;
     constexpr int int_max = std::numeric_limits<int>::max();
@@ -199,7 +199,7 @@ TEST_CASE("hostile: a gate refuses every impossible B and Q, naming which, and b
 // db_bulkhead: per-call arguments
 // ---------------------------------------------------------------------------
 
-TEST_CASE("hostile: negative queue waits are refused by every entry point before anything is taken",
+TEST_CASE("hostile, negative queue waits are refused by every entry point before anything is taken",
           "[hostile][gate][A2]") {
     fake_pool pool;
     gate_t gate(pool, 2, 1);
@@ -223,7 +223,7 @@ TEST_CASE("hostile: negative queue waits are refused by every entry point before
     CHECK(state_of(gate, pool) == before);
 }
 
-TEST_CASE("hostile: empty callables are refused before anything is taken", "[hostile][gate][A2]") {
+TEST_CASE("hostile, empty callables are refused before anything is taken", "[hostile][gate][A2]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);
     const gate_state before = state_of(gate, pool);
@@ -245,7 +245,7 @@ TEST_CASE("hostile: empty callables are refused before anything is taken", "[hos
     CHECK(state_of(gate, pool) == before);
 }
 
-TEST_CASE("hostile: deadlines in the past are refused with deadline_exceeded before the pool is touched",
+TEST_CASE("hostile, deadlines in the past are refused with deadline_exceeded before the pool is touched",
           "[hostile][gate][deadline]") {
     fake_pool pool;
     bulkhead::db_bulkhead<fake_pool, bulkhead_test::recording_observer> gate(pool, 1, 1);
@@ -264,7 +264,7 @@ TEST_CASE("hostile: deadlines in the past are refused with deadline_exceeded bef
     CHECK(gate.observer().rejected_other == 20);
 }
 
-TEST_CASE("hostile: enormous waits and far deadlines do not overflow: a free permit is taken at once",
+TEST_CASE("hostile, enormous waits and far deadlines do not overflow, a free permit is taken at once",
           "[hostile][gate][timeout]") {
     fake_pool pool;
     gate_t gate(pool, 1, 1);
@@ -281,7 +281,7 @@ TEST_CASE("hostile: enormous waits and far deadlines do not overflow: a free per
     CHECK(gate.available_slots() == 2);
 }
 
-TEST_CASE("hostile: an enormous queue wait behind a held permit really waits, and a stop ends it",
+TEST_CASE("hostile, an enormous queue wait behind a held permit really waits, and a stop ends it",
           "[hostile][gate][timeout]") {
     fake_pool pool;
     gate_t gate(pool, 1, 1);
@@ -314,7 +314,7 @@ TEST_CASE("hostile: an enormous queue wait behind a held permit really waits, an
 // permit and result
 // ---------------------------------------------------------------------------
 
-TEST_CASE("hostile: empty, moved-from and self-assigned permits release nothing twice", "[hostile][permit][A15]") {
+TEST_CASE("hostile, empty, moved-from and self-assigned permits release nothing twice", "[hostile][permit][A15]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);
     bulkhead::permit empty;
@@ -335,7 +335,7 @@ TEST_CASE("hostile: empty, moved-from and self-assigned permits release nothing 
     CHECK(gate.available_slots() == 1);
 }
 
-TEST_CASE("hostile: value() of a rejected result throws the matching rejection", "[hostile][result]") {
+TEST_CASE("hostile, value() of a rejected result throws the matching rejection", "[hostile][result]") {
     for (const auto reason : {bulkhead::reject_reason::admission_full, bulkhead::reject_reason::admission_timeout,
                               bulkhead::reject_reason::admission_cancelled, bulkhead::reject_reason::pool_timeout,
                               bulkhead::reject_reason::deadline_exceeded}) {
@@ -353,4 +353,34 @@ TEST_CASE("hostile: value() of a rejected result throws the matching rejection",
         CHECK_THROWS_AS(rejected_void.value(), bulkhead::rejected);
     }
     CHECK(bulkhead::to_string(static_cast<bulkhead::reject_reason>(200)) == "unknown");
+}
+
+TEST_CASE("hostile, absolute waits at coarse max() time points wait instead of overflowing", "[hostile][semaphore]") {
+    bulkhead::fifo_semaphore semaphore(0);
+    std::stop_source source;
+    bulkhead::wait_status status = bulkhead::wait_status::timed_out;
+    std::thread waiter([&] {
+        status = semaphore.try_acquire_until(std::chrono::time_point<steady, std::chrono::hours>::max(),
+                                             source.get_token());
+    });
+    bulkhead_test::await([&] { return semaphore.waiting() == 1; });  // it waits: no instant time-out
+    semaphore.release();
+    waiter.join();
+    CHECK(status == bulkhead::wait_status::acquired);
+}
+
+TEST_CASE("hostile, a NaN wait does not wait", "[hostile][semaphore]") {
+    bulkhead::fifo_semaphore semaphore(0);
+    const std::chrono::duration<double> not_a_number(std::numeric_limits<double>::quiet_NaN());
+    CHECK_FALSE(semaphore.try_acquire_for(not_a_number));
+    CHECK(semaphore.waiting() == 0);
+}
+
+TEST_CASE("hostile, a deadline of time_point::min() is refused as passed", "[hostile][gate][deadline]") {
+    bulkhead_test::fake_pool pool;
+    bulkhead::db_bulkhead<bulkhead_test::fake_pool> gate(pool, 1, 0);
+    CHECK_THROWS_AS(gate.transaction({.deadline = steady::time_point::min()}, [](bulkhead_test::fake_pool::work&) {}),
+                    bulkhead::deadline_exceeded);
+    CHECK(gate.available() == 1);
+    CHECK(pool.acquired == 0);
 }

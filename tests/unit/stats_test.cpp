@@ -49,7 +49,7 @@ std::size_t index(reject_reason reason) { return static_cast<std::size_t>(reason
 
 }  // namespace
 
-TEST_CASE("stats: a committed call counts admitted and completed, and times every stage", "[stats]") {
+TEST_CASE("stats, a committed call counts admitted and completed, and times every stage", "[stats]") {
     fake_pool pool;
     gate_t gate(pool, 2, 1);
     gate.transaction(0ms, [](fake_pool::work&) {});
@@ -68,7 +68,7 @@ TEST_CASE("stats: a committed call counts admitted and completed, and times ever
     CHECK(stats.queued == 0);
 }
 
-TEST_CASE("stats: a permit from enter() counts admitted and reads no clock on the fast path", "[stats]") {
+TEST_CASE("stats, a permit from enter() counts admitted and reads no clock on the fast path", "[stats]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);
     {
@@ -79,7 +79,7 @@ TEST_CASE("stats: a permit from enter() counts admitted and reads no clock on th
     CHECK(gate.stats().permit_wait.count() == 0);  // not timed: no clock read on the admission path
 }
 
-TEST_CASE("stats: admission_full is counted under its reason", "[stats]") {
+TEST_CASE("stats, admission_full is counted under its reason", "[stats]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);
     std::latch inside(1);
@@ -100,7 +100,7 @@ TEST_CASE("stats: admission_full is counted under its reason", "[stats]") {
     check_counts(gate, expected);
 }
 
-TEST_CASE("stats: a queue timeout is counted, and its wait timed", "[stats]") {
+TEST_CASE("stats, a queue timeout is counted, and its wait timed", "[stats]") {
     fake_pool pool;
     gate_t gate(pool, 1, 1);
     std::latch inside(1);
@@ -123,7 +123,7 @@ TEST_CASE("stats: a queue timeout is counted, and its wait timed", "[stats]") {
     CHECK(stats.permit_wait.quantile(1.0) >= 20e6 * (1 - bulkhead::log_linear_histogram::relative_error));
 }
 
-TEST_CASE("stats: a cancelled wait is counted", "[stats]") {
+TEST_CASE("stats, a cancelled wait is counted", "[stats]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);
     std::stop_source source;
@@ -134,7 +134,7 @@ TEST_CASE("stats: a cancelled wait is counted", "[stats]") {
     check_counts(gate, expected);
 }
 
-TEST_CASE("stats: a passed deadline is counted", "[stats]") {
+TEST_CASE("stats, a passed deadline is counted", "[stats]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);
     (void)gate.try_transaction({.deadline = std::chrono::steady_clock::now() - 1s}, [](fake_pool::work&) {});
@@ -143,7 +143,7 @@ TEST_CASE("stats: a passed deadline is counted", "[stats]") {
     check_counts(gate, expected);
 }
 
-TEST_CASE("stats: a pool timeout is counted as a rejection, after admission", "[stats]") {
+TEST_CASE("stats, a pool timeout is counted as a rejection, after admission", "[stats]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);
     pool.fail_acquire = true;
@@ -153,14 +153,14 @@ TEST_CASE("stats: a pool timeout is counted as a rejection, after admission", "[
     check_counts(gate, expected);
 }
 
-TEST_CASE("stats: a callback that throws counts as failed", "[stats]") {
+TEST_CASE("stats, a callback that throws counts as failed", "[stats]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);
     CHECK_THROWS(gate.transaction(0ms, [](fake_pool::work&) { throw std::runtime_error("no"); }));
     check_counts(gate, {.admitted = 1, .failed = 1});
 }
 
-TEST_CASE("stats: a failed commit counts as failed", "[stats]") {
+TEST_CASE("stats, a failed commit counts as failed", "[stats]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);
     pool.fail_commit = true;
@@ -168,7 +168,7 @@ TEST_CASE("stats: a failed commit counts as failed", "[stats]") {
     check_counts(gate, {.admitted = 1, .failed = 1});
 }
 
-TEST_CASE("stats: a failed rollback is counted besides the failure", "[stats]") {
+TEST_CASE("stats, a failed rollback is counted besides the failure", "[stats]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);
     pool.fail_rollback = true;
@@ -176,7 +176,7 @@ TEST_CASE("stats: a failed rollback is counted besides the failure", "[stats]") 
     check_counts(gate, {.admitted = 1, .failed = 1, .rollback_failures = 1});
 }
 
-TEST_CASE("stats: work cancelled by a stop request is counted", "[stats]") {
+TEST_CASE("stats, work cancelled by a stop request is counted", "[stats]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);
     std::stop_source source;
@@ -185,7 +185,7 @@ TEST_CASE("stats: work cancelled by a stop request is counted", "[stats]") {
     check_counts(gate, {.admitted = 1, .failed = 1, .work_cancelled = 1});
 }
 
-TEST_CASE("stats: work cut short by the deadline is counted", "[stats]") {
+TEST_CASE("stats, work cut short by the deadline is counted", "[stats]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);
     CHECK_THROWS_AS(gate.transaction({.deadline = std::chrono::steady_clock::now() + 10s},
@@ -194,7 +194,7 @@ TEST_CASE("stats: work cut short by the deadline is counted", "[stats]") {
     check_counts(gate, {.admitted = 1, .failed = 1, .work_deadline_exceeded = 1});
 }
 
-TEST_CASE("stats: an unsettled commit is counted", "[stats]") {
+TEST_CASE("stats, an unsettled commit is counted", "[stats]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);
     pool.commit_throws_unknown = true;
