@@ -448,7 +448,7 @@ public:
     template <class Work>
     auto transaction(const options& call, Work&& work) {
         check_callable(work);
-        const clock::time_point start = clock::now();
+        clock::time_point start{};
         permit held = admit(call, &start).value();
         return run(held, call, std::forward<Work>(work), start);
     }
@@ -465,7 +465,7 @@ public:
     template <class Work>
     auto try_transaction(const options& call, Work&& work) -> result<work_result_t<Work>> {
         check_callable(work);
-        const clock::time_point start = clock::now();
+        clock::time_point start{};
         result<permit> held = admit(call, &start);
         if (!held) {
             return held.error();
@@ -575,7 +575,7 @@ private:
     /// Both admission stages. Returns a permit or why there is none. With
     /// `start` (the transaction path) the permit wait is recorded; enter()
     /// passes none and reads no clock unless it has to wait.
-    result<permit> admit(const options& call, const clock::time_point* start = nullptr) {
+    result<permit> admit(const options& call, clock::time_point* start = nullptr) {
         if (call.queue_wait < call.queue_wait.zero()) {
             throw std::invalid_argument("bulkhead::db_bulkhead: queue_wait must not be negative");
         }
@@ -604,6 +604,9 @@ private:
         }
         if (!m_core.m_slots.try_acquire()) {
             return refuse(reject_reason::admission_full);
+        }
+        if (start != nullptr) {
+            *start = clock::now();  // after admission: a rejection reads no clock
         }
         if (m_core.m_running.try_acquire()) {
             if (start != nullptr) {
