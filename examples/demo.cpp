@@ -129,7 +129,8 @@ int main() {
             if (entered.get_future().wait_for(5s) != std::future_status::ready) {
                 throw std::runtime_error("the first transaction did not start within 5 s");
             }
-            auto second = std::async(std::launch::async, [&] { return gate.transaction(0ms, [](auto&) { return 0; }); });
+            auto second =
+                std::async(std::launch::async, [&] { return gate.transaction(0ms, [](auto&) { return 0; }); });
             if (second.wait_for(5s) != std::future_status::ready) {
                 throw std::runtime_error("the second operation was neither run nor rejected within 5 s");
             }

@@ -31,9 +31,10 @@ int main() {
         bulkhead::db_bulkhead gate(pool, /*concurrent=*/2, /*extra_slots=*/2);
 
         gate.transaction(1s, [](pqxx::dbtransaction& tx) {
-            tx.exec0("CREATE TABLE IF NOT EXISTS bulkhead_orders ("
-                     " id bigserial PRIMARY KEY, worker int NOT NULL, item text NOT NULL,"
-                     " quantity int NOT NULL CHECK (quantity > 0), created timestamptz NOT NULL DEFAULT now())");
+            tx.exec0(
+                "CREATE TABLE IF NOT EXISTS bulkhead_orders ("
+                " id bigserial PRIMARY KEY, worker int NOT NULL, item text NOT NULL,"
+                " quantity int NOT NULL CHECK (quantity > 0), created timestamptz NOT NULL DEFAULT now())");
             tx.exec0("TRUNCATE bulkhead_orders");
         });
 
@@ -46,9 +47,11 @@ int main() {
             threads.emplace_back([&, worker] {
                 for (int n = 0; n < orders_per_worker; ++n) {
                     auto outcome = gate.try_transaction(5ms, [&](pqxx::dbtransaction& tx) {
-                        return tx.exec_params1("INSERT INTO bulkhead_orders(worker, item, quantity)"
-                                               " VALUES ($1, $2, $3) RETURNING id",
-                                               worker, "item-" + std::to_string(n), 1 + n % 5)[0]
+                        return tx
+                            .exec_params1(
+                                "INSERT INTO bulkhead_orders(worker, item, quantity)"
+                                " VALUES ($1, $2, $3) RETURNING id",
+                                worker, "item-" + std::to_string(n), 1 + n % 5)[0]
                             .as<long>();
                     });
                     if (outcome) {
@@ -61,9 +64,8 @@ int main() {
         }
         threads.clear();  // joins
 
-        const long rows = gate.transaction(1s, [](pqxx::dbtransaction& tx) {
-            return tx.exec1("SELECT count(*) FROM bulkhead_orders")[0].as<long>();
-        });
+        const long rows = gate.transaction(
+            1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT count(*) FROM bulkhead_orders")[0].as<long>(); });
         long refused = 0;
         std::cout << "attempted=" << workers * orders_per_worker << " committed=" << committed << '\n';
         for (std::size_t reason = 0; reason < rejected.size(); ++reason) {

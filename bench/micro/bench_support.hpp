@@ -584,9 +584,7 @@ inline void uncontended_semaphore(benchmark::internal::Benchmark* bench) {
 }
 
 /// A gate call, uncontended: one thread, B = 1.
-inline void uncontended_gate(benchmark::internal::Benchmark* bench) {
-    common(bench)->ArgName("permits")->Arg(1);
-}
+inline void uncontended_gate(benchmark::internal::Benchmark* bench) { common(bench)->ArgName("permits")->Arg(1); }
 
 /// A blocking acquire under contention: one permit, 2 to 64 threads. The
 /// run reports wait percentiles, Jain's index, switches and wakes.

@@ -48,8 +48,8 @@ public:
             }
             // acquire on success: pairs with the release in release() so the
             // previous holder's writes happen-before this holder's work.
-        } while (!m_available.compare_exchange_weak(seen, seen - 1, std::memory_order_acquire,
-                                                    std::memory_order_relaxed));
+        } while (
+            !m_available.compare_exchange_weak(seen, seen - 1, std::memory_order_acquire, std::memory_order_relaxed));
         return true;
     }
 

@@ -59,7 +59,8 @@ concept pool_names_its_types = requires {
     typename Pool::lease;
     typename Pool::transaction;
     typename Pool::transaction_options;
-} && std::move_constructible<typename Pool::lease> && !std::copy_constructible<typename Pool::lease> &&
+}
+&&std::move_constructible<typename Pool::lease> && !std::copy_constructible<typename Pool::lease> &&
     std::default_initializable<typename Pool::transaction_options>;
 
 /// `pool.acquire(deadline)` returns a lease, waiting at most the pool's own
@@ -89,13 +90,14 @@ concept pool_runs_transactions = requires(Pool& pool, typename Pool::lease& leas
 /// closed instead of being handed out again. It cannot fail.
 template <class Pool>
 concept pool_discards_connections = requires(Pool& pool, typename Pool::lease& lease) {
-    { pool.discard(lease) } noexcept;
+    { pool.discard(lease) }
+    noexcept;
 };
 
 /// What db_bulkhead needs from a connection pool: see the four concepts above.
 template <class Pool>
-concept transactional_pool = pool_names_its_types<Pool> && pool_acquires_leases<Pool> &&
-                             pool_runs_transactions<Pool> && pool_discards_connections<Pool>;
+concept transactional_pool = pool_names_its_types<Pool> && pool_acquires_leases<Pool> && pool_runs_transactions<Pool> &&
+    pool_discards_connections<Pool>;
 
 // Optional extensions. A pool that offers them gets more from the gate; one
 // that does not still works.
@@ -113,7 +115,8 @@ concept pool_takes_deadlines = requires(typename Pool::transaction_options& opti
 /// another thread works on the connection; must be safe for that, and noexcept.
 template <class Pool>
 concept pool_cancels_work = requires(Pool& pool, typename Pool::lease& lease) {
-    { pool.cancel(lease) } noexcept;
+    { pool.cancel(lease) }
+    noexcept;
 };
 
 /// `pool.failed_by_deadline(tx)`: called inside a catch handler for a failure
@@ -121,7 +124,8 @@ concept pool_cancels_work = requires(Pool& pool, typename Pool::lease& lease) {
 /// the work short because of the deadline passed in transaction_options.
 template <class Pool>
 concept pool_reports_deadlines = requires(Pool& pool, typename Pool::transaction& tx) {
-    { pool.failed_by_deadline(tx) } noexcept -> std::same_as<bool>;
+    { pool.failed_by_deadline(tx) }
+    noexcept->std::same_as<bool>;
 };
 
 namespace detail {
@@ -211,7 +215,7 @@ struct rollback_failure_hook {
 /// \note Scoped like std::lock_guard: neither copyable nor movable. The pool
 /// and the lease must outlive it.
 template <class Pool>
-    requires transactional_pool<Pool>
+requires transactional_pool<Pool>
 class transaction_guard {
 public:
     using lease_type = typename Pool::lease;
@@ -617,11 +621,11 @@ private:
             const wait_status waited = m_core.m_running.try_acquire_for(wait, call.stop);
             m_metrics.permit_wait.record(clock::now() - waited_from);
             switch (waited) {
-                case wait_status::acquired: break;
+                case wait_status::acquired:
+                    break;
                 case wait_status::timed_out:
                     m_core.m_slots.release();
-                    return refuse(deadline_binds ? reject_reason::deadline_exceeded
-                                                 : reject_reason::admission_timeout);
+                    return refuse(deadline_binds ? reject_reason::deadline_exceeded : reject_reason::admission_timeout);
                 case wait_status::cancelled:
                     m_core.m_slots.release();
                     return refuse(reject_reason::admission_cancelled);
@@ -666,8 +670,8 @@ private:
     /// exit: the guard rolls back (unless committed), then, in run()'s frame,
     /// the lease returns the connection, then the caller's permit is released.
     template <class Work>
-    work_result_t<Work> work_on(typename Pool::lease& lease, const transaction_options& settings,
-                                const options& call, Work&& work, bool* started) {
+    work_result_t<Work> work_on(typename Pool::lease& lease, const transaction_options& settings, const options& call,
+                                Work&& work, bool* started) {
         bool began = false;
         try {
             transaction_guard<Pool> guard(*m_pool, lease, settings, rollback_hook());
@@ -750,8 +754,8 @@ private:
     /// cancel the statement in progress on the server (when the pool can);
     /// the permits stay with this thread until everything has unwound.
     template <class Work>
-    work_result_t<Work> run_callback(typename Pool::lease& lease, transaction_guard<Pool>& guard,
-                                     const options& call, Work&& work) {
+    work_result_t<Work> run_callback(typename Pool::lease& lease, transaction_guard<Pool>& guard, const options& call,
+                                     Work&& work) {
         struct work_timer {
             log_linear_histogram& histogram;
             clock::time_point began = clock::now();
@@ -761,7 +765,8 @@ private:
             if constexpr (pool_cancels_work<Pool>) {
                 // Deregistered (waiting for a cancel in flight) before the
                 // transaction is committed or rolled back.
-                const std::stop_callback cancel_on_stop(call.stop, [this, &lease]() noexcept { m_pool->cancel(lease); });
+                const std::stop_callback cancel_on_stop(call.stop,
+                                                        [this, &lease]() noexcept { m_pool->cancel(lease); });
                 return std::invoke(std::forward<Work>(work), guard.work());
             } else {
                 return std::invoke(std::forward<Work>(work), guard.work());

@@ -38,11 +38,16 @@ enum class reject_reason : std::uint8_t {
 /// suitable for metric labels and logs.
 [[nodiscard]] constexpr std::string_view to_string(reject_reason reason) noexcept {
     switch (reason) {
-        case reject_reason::admission_full: return "admission_full";
-        case reject_reason::admission_timeout: return "admission_timeout";
-        case reject_reason::admission_cancelled: return "admission_cancelled";
-        case reject_reason::pool_timeout: return "pool_timeout";
-        case reject_reason::deadline_exceeded: return "deadline_exceeded";
+        case reject_reason::admission_full:
+            return "admission_full";
+        case reject_reason::admission_timeout:
+            return "admission_timeout";
+        case reject_reason::admission_cancelled:
+            return "admission_cancelled";
+        case reject_reason::pool_timeout:
+            return "pool_timeout";
+        case reject_reason::deadline_exceeded:
+            return "deadline_exceeded";
     }
     return "unknown";
 }
@@ -53,8 +58,7 @@ class rejected : public std::runtime_error {
 public:
     /// \param reason why the call was turned away.
     /// \param what   the human-readable message.
-    rejected(reject_reason reason, const std::string& what)
-        : std::runtime_error(what), m_reason(reason) {}
+    rejected(reject_reason reason, const std::string& what) : std::runtime_error(what), m_reason(reason) {}
 
     /// Why the call was turned away.
     [[nodiscard]] reject_reason reason() const noexcept { return m_reason; }
@@ -120,18 +124,24 @@ public:
 /// idempotency key or look the result up. The original failure is nested.
 class commit_unknown : public std::runtime_error {
 public:
-    explicit commit_unknown(const std::string& what = "db commit outcome unknown: the connection was lost during COMMIT")
+    explicit commit_unknown(
+        const std::string& what = "db commit outcome unknown: the connection was lost during COMMIT")
         : std::runtime_error(what) {}
 };
 
 /// Throws the exception of the `rejected` family that matches `reason`.
 [[noreturn]] inline void throw_rejection(reject_reason reason) {
     switch (reason) {
-        case reject_reason::admission_full: throw admission_full();
-        case reject_reason::admission_timeout: throw admission_timeout();
-        case reject_reason::admission_cancelled: throw admission_cancelled();
-        case reject_reason::pool_timeout: throw pool_timeout();
-        case reject_reason::deadline_exceeded: throw deadline_exceeded();
+        case reject_reason::admission_full:
+            throw admission_full();
+        case reject_reason::admission_timeout:
+            throw admission_timeout();
+        case reject_reason::admission_cancelled:
+            throw admission_cancelled();
+        case reject_reason::pool_timeout:
+            throw pool_timeout();
+        case reject_reason::deadline_exceeded:
+            throw deadline_exceeded();
     }
     throw rejected(reason, "db admission rejected");
 }

@@ -89,8 +89,7 @@ public:
                 return false;
             }
             // acquire on success: pairs with the release CAS/fetch_add in release().
-        } while (!m_state.compare_exchange_weak(seen, seen - 1, std::memory_order_acquire,
-                                                std::memory_order_relaxed));
+        } while (!m_state.compare_exchange_weak(seen, seen - 1, std::memory_order_acquire, std::memory_order_relaxed));
         return true;
     }
 
@@ -163,8 +162,7 @@ public:
         while (waiters_of(seen) == 0) {
             assert(permits_of(seen) + add <= static_cast<std::uint64_t>(max_permits));
             // release: publishes the releaser's writes to the next acquirer.
-            if (m_state.compare_exchange_weak(seen, seen + add, std::memory_order_release,
-                                              std::memory_order_relaxed)) {
+            if (m_state.compare_exchange_weak(seen, seen + add, std::memory_order_release, std::memory_order_relaxed)) {
                 return;
             }
         }

@@ -27,12 +27,18 @@ inline constexpr std::size_t close_reason_count = 6;
 /// A short lower-case name for `reason`, suitable for metric labels.
 [[nodiscard]] constexpr std::string_view to_string(close_reason reason) noexcept {
     switch (reason) {
-        case close_reason::discarded: return "discarded";
-        case close_reason::broken: return "broken";
-        case close_reason::lifetime: return "lifetime";
-        case close_reason::idle: return "idle";
-        case close_reason::validation_failed: return "validation_failed";
-        case close_reason::shutdown: return "shutdown";
+        case close_reason::discarded:
+            return "discarded";
+        case close_reason::broken:
+            return "broken";
+        case close_reason::lifetime:
+            return "lifetime";
+        case close_reason::idle:
+            return "idle";
+        case close_reason::validation_failed:
+            return "validation_failed";
+        case close_reason::shutdown:
+            return "shutdown";
     }
     return "unknown";
 }

@@ -784,21 +784,21 @@ struct transaction_control {
     static constexpr const char* refusal =
         "bulkhead: commit/rollback inside the gate's callback is refused; the gate commits after the callback returns";
 
-    pooled_connection* owner = nullptr;  // the leased connection; outlives the transaction
-    std::string begin_statement;         // BEGIN ... [; SET LOCAL ...][; SELECT txid_current()], integers only
-    const connect_target* target = nullptr;       // to read a lost COMMIT's outcome; the lease keeps it alive
-    std::chrono::milliseconds settle_budget{0};   // how long reading that outcome may take
-    bool read_only = false;              // BEGIN ... READ ONLY: nothing can have been written
-    bool track_txid = false;             // the BEGIN statement ends with SELECT txid_current()
-    std::int64_t txid = -1;              // that txid, when tracked
-    bool timeout_from_deadline = false;       // statement_timeout was set from the call's deadline
-    bool lock_timeout_from_deadline = false;  // lock_timeout was set from the call's deadline
-    bool permitted = false;              // set by pqxx_pool::commit/rollback around their call into libpqxx
-    bool closing = false;                // the destructor is ending the transaction
-    bool backend_open = false;           // BEGIN ran and no COMMIT/ROLLBACK has ended it
-    bool in_doubt = false;               // the connection was lost during COMMIT
-    bool refused = false;                // the callback called commit() or abort()
-    std::exception_ptr abort_failure;    // a ROLLBACK that failed inside libpqxx's abort()
+    pooled_connection* owner = nullptr;          // the leased connection; outlives the transaction
+    std::string begin_statement;                 // BEGIN ... [; SET LOCAL ...][; SELECT txid_current()], integers only
+    const connect_target* target = nullptr;      // to read a lost COMMIT's outcome; the lease keeps it alive
+    std::chrono::milliseconds settle_budget{0};  // how long reading that outcome may take
+    bool read_only = false;                      // BEGIN ... READ ONLY: nothing can have been written
+    bool track_txid = false;                     // the BEGIN statement ends with SELECT txid_current()
+    std::int64_t txid = -1;                      // that txid, when tracked
+    bool timeout_from_deadline = false;          // statement_timeout was set from the call's deadline
+    bool lock_timeout_from_deadline = false;     // lock_timeout was set from the call's deadline
+    bool permitted = false;                      // set by pqxx_pool::commit/rollback around their call into libpqxx
+    bool closing = false;                        // the destructor is ending the transaction
+    bool backend_open = false;                   // BEGIN ran and no COMMIT/ROLLBACK has ended it
+    bool in_doubt = false;                       // the connection was lost during COMMIT
+    bool refused = false;                        // the callback called commit() or abort()
+    std::exception_ptr abort_failure;            // a ROLLBACK that failed inside libpqxx's abort()
 
     void on_begun() noexcept { backend_open = true; }
     void on_begin_result(const pqxx::result& answer) {
@@ -1556,7 +1556,6 @@ public:
     }
 
 private:
-
     const pqxx_pool_options m_options;         // immutable after construction
     const connect_target m_target;             // immutable after construction
     const std::vector<std::string> m_secrets;  // immutable after construction: passwords to scrub

@@ -37,9 +37,8 @@ namespace bulkhead {
 class prometheus_exposition {
 public:
     /// The `le` bounds of every duration histogram, in seconds.
-    static constexpr std::array<double, 16> bucket_bounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
-                                                             0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
-                                                             1.0,    2.5,     5.0,    10.0};
+    static constexpr std::array<double, 16> bucket_bounds = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                             0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0};
 
     /// Adds a gate's snapshot under the label gate="name".
     void add(std::string name, gate_stats stats) { m_gates.emplace_back(std::move(name), std::move(stats)); }
@@ -60,11 +59,16 @@ public:
     /// cancelled, pool_timeout, deadline.
     [[nodiscard]] static constexpr std::string_view reason_label(reject_reason reason) noexcept {
         switch (reason) {
-            case reject_reason::admission_full: return "full";
-            case reject_reason::admission_timeout: return "queue_timeout";
-            case reject_reason::admission_cancelled: return "cancelled";
-            case reject_reason::pool_timeout: return "pool_timeout";
-            case reject_reason::deadline_exceeded: return "deadline";
+            case reject_reason::admission_full:
+                return "full";
+            case reject_reason::admission_timeout:
+                return "queue_timeout";
+            case reject_reason::admission_cancelled:
+                return "cancelled";
+            case reject_reason::pool_timeout:
+                return "pool_timeout";
+            case reject_reason::deadline_exceeded:
+                return "deadline";
         }
         return "unknown";
     }
@@ -82,10 +86,18 @@ private:
     static void escaped(std::string& out, std::string_view value) {
         for (const char c : value) {
             switch (c) {
-                case '\\': out += "\\\\"; break;
-                case '"': out += "\\\""; break;
-                case '\n': out += "\\n"; break;
-                default: out += c; break;
+                case '\\':
+                    out += "\\\\";
+                    break;
+                case '"':
+                    out += "\\\"";
+                    break;
+                case '\n':
+                    out += "\\n";
+                    break;
+                default:
+                    out += c;
+                    break;
             }
         }
     }
@@ -158,10 +170,10 @@ private:
         if (m_gates.empty()) {
             return;
         }
-        gate_family(out, "bulkhead_admitted_total", "counter", "Calls that got an admission slot and an execution permit.",
+        gate_family(out, "bulkhead_admitted_total", "counter",
+                    "Calls that got an admission slot and an execution permit.",
                     [](const gate_stats& s) { return s.admitted; });
-        header(out, "bulkhead_rejections_total", "counter",
-               "Calls turned away before their work started, by reason.");
+        header(out, "bulkhead_rejections_total", "counter", "Calls turned away before their work started, by reason.");
         for (const auto& [gate, stats] : m_gates) {
             for (std::size_t i = 0; i < reject_reason_count; ++i) {
                 sample(out, "bulkhead_rejections_total", "gate", gate, stats.rejected[i], "reason",
@@ -194,8 +206,9 @@ private:
                     [](const gate_stats& s) { return static_cast<std::uint64_t>(s.available_slots); });
         gate_family(out, "bulkhead_concurrency_limit", "gauge", "Execution permits B.",
                     [](const gate_stats& s) { return static_cast<std::uint64_t>(s.concurrent); });
-        gate_family(out, "bulkhead_admission_limit", "gauge", "Admission slots B + Q.",
-                    [](const gate_stats& s) { return static_cast<std::uint64_t>(s.concurrent) + static_cast<std::uint64_t>(s.extra_slots); });
+        gate_family(out, "bulkhead_admission_limit", "gauge", "Admission slots B + Q.", [](const gate_stats& s) {
+            return static_cast<std::uint64_t>(s.concurrent) + static_cast<std::uint64_t>(s.extra_slots);
+        });
         gate_histogram(out, "bulkhead_permit_wait_seconds", "Time from admission to an execution permit.",
                        &gate_stats::permit_wait);
         gate_histogram(out, "bulkhead_pool_wait_seconds", "Time from the execution permit to a pool connection.",

@@ -69,7 +69,8 @@ public:
     /// A successful result.
     result() noexcept = default;
     /// A rejection.
-    result(reject_reason reason) noexcept : m_rejected(true), m_reason(reason) {}  // NOLINT(google-explicit-constructor)
+    result(reject_reason reason) noexcept
+        : m_rejected(true), m_reason(reason) {}  // NOLINT(google-explicit-constructor)
 
     [[nodiscard]] bool has_value() const noexcept { return !m_rejected; }
     explicit operator bool() const noexcept { return has_value(); }

@@ -33,7 +33,9 @@ std::pair<std::string, int> server_address() {
 
 /// The suite's conninfo, redirected through `proxy` (libpq takes the last
 /// value of a repeated keyword).
-std::string through(const tcp_proxy& proxy) { return conninfo() + " host=127.0.0.1 port=" + std::to_string(proxy.port()); }
+std::string through(const tcp_proxy& proxy) {
+    return conninfo() + " host=127.0.0.1 port=" + std::to_string(proxy.port());
+}
 
 template <class Call>
 clock_type::duration time_of(Call&& call) {
@@ -46,14 +48,13 @@ clock_type::duration time_of(Call&& call) {
 
 // --- 1. One deadline, every stage ------------------------------------------------
 
-TEST_CASE("a deadline that has passed is refused with deadline_exceeded before the pool is touched",
-          "[pg][deadline]") {
+TEST_CASE("a deadline that has passed is refused with deadline_exceeded before the pool is touched", "[pg][deadline]") {
     bulkhead::pqxx_pool pool(pool_options("bulkhead-deadline-passed"));
     gate_t gate(pool, 1, 0);
     const auto elapsed = time_of([&] {
-        CHECK_THROWS_AS(gate.transaction({.queue_wait = 1s, .deadline = clock_type::now() - 1ms},
-                                         [](pqxx::dbtransaction&) {}),
-                        bulkhead::deadline_exceeded);
+        CHECK_THROWS_AS(
+            gate.transaction({.queue_wait = 1s, .deadline = clock_type::now() - 1ms}, [](pqxx::dbtransaction&) {}),
+            bulkhead::deadline_exceeded);
     });
     CHECK(elapsed < 100ms);
     CHECK(pool.size() == 0);  // no connection was even opened
@@ -76,9 +77,9 @@ TEST_CASE("the deadline cuts the wait for an execution permit short", "[pg][dead
     });
     holding.wait();
     const auto elapsed = time_of([&] {
-        CHECK_THROWS_AS(gate.transaction({.queue_wait = 10s, .deadline = clock_type::now() + 150ms},
-                                         [](pqxx::dbtransaction&) {}),
-                        bulkhead::deadline_exceeded);
+        CHECK_THROWS_AS(
+            gate.transaction({.queue_wait = 10s, .deadline = clock_type::now() + 150ms}, [](pqxx::dbtransaction&) {}),
+            bulkhead::deadline_exceeded);
     });
     CHECK(elapsed >= 150ms);
     CHECK(elapsed < 1s);  // the 10 s queue wait did not apply
@@ -110,8 +111,8 @@ TEST_CASE("the deadline bounds the work through statement_timeout, and says it w
     const auto elapsed = time_of([&] {
         try {
             gate.transaction({.deadline = clock_type::now() + 300ms}, [&](pqxx::dbtransaction& tx) {
-                seen_timeout_ms = tx.exec1("SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'")[0]
-                                      .as<long>();
+                seen_timeout_ms =
+                    tx.exec1("SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'")[0].as<long>();
                 tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
                 tx.exec("SELECT pg_sleep(5)");
             });
@@ -138,8 +139,9 @@ TEST_CASE("a shorter statement_timeout of the call's own still applies, and is n
     gate_t gate(pool, 1, 0);
     gate_t::options call{.deadline = clock_type::now() + 10s};
     call.transaction.statement_timeout = 100ms;
-    CHECK(sqlstate_of([&] { gate.transaction(call, [](pqxx::dbtransaction& tx) { tx.exec("SELECT pg_sleep(3)"); }); }) ==
-          "57014");
+    CHECK(sqlstate_of([&] {
+              gate.transaction(call, [](pqxx::dbtransaction& tx) { tx.exec("SELECT pg_sleep(3)"); });
+          }) == "57014");
 }
 
 TEST_CASE("with deadline_sets_lock_timeout the deadline bounds lock waits too", "[pg][deadline]") {
@@ -158,9 +160,8 @@ TEST_CASE("with deadline_sets_lock_timeout the deadline bounds lock waits too", 
     call.transaction.deadline_sets_lock_timeout = true;
     const auto elapsed = time_of([&] {
         try {
-            gate.transaction(call, [&](pqxx::dbtransaction& tx) {
-                tx.exec0("UPDATE " + table.name() + " SET v = 1 WHERE id = 1");
-            });
+            gate.transaction(
+                call, [&](pqxx::dbtransaction& tx) { tx.exec0("UPDATE " + table.name() + " SET v = 1 WHERE id = 1"); });
             FAIL("no exception");
         } catch (const bulkhead::work_deadline_exceeded& exceeded) {
             const auto state = sqlstate_of([&] { std::rethrow_if_nested(exceeded); });
@@ -270,7 +271,7 @@ TEST_CASE("commit_unknown only when the outcome cannot be read back, never a sil
     bulkhead::pqxx_pool pool(options);
     gate_t gate(pool, 1, 0);
     gate.transaction(1s, [](pqxx::dbtransaction&) {});  // connect while the proxy lets us
-    proxy.refuse_new(true);                               // no fresh connection can ask txid_status()
+    proxy.refuse_new(true);                             // no fresh connection can ask txid_status()
     proxy.arm(tcp_proxy::cut::drop_after_commit);
     int runs = 0;
     try {
@@ -288,21 +289,19 @@ TEST_CASE("commit_unknown only when the outcome cannot be read back, never a sil
     CHECK(gate.available() == 1);
 }
 
-TEST_CASE("the transaction id is read with BEGIN for read-write work only, never for read-only work",
-          "[pg][commit]") {
+TEST_CASE("the transaction id is read with BEGIN for read-write work only, never for read-only work", "[pg][commit]") {
     bulkhead::pqxx_pool pool(pool_options("bulkhead-commit-txid", 1));
     gate_t gate(pool, 1, 0);
     auto assigned = [&](const gate_t::options& call) {
-        return gate.transaction(call, [](pqxx::dbtransaction& tx) {
-            return !tx.exec1("SELECT txid_current_if_assigned()")[0].is_null();
-        });
+        return gate.transaction(
+            call, [](pqxx::dbtransaction& tx) { return !tx.exec1("SELECT txid_current_if_assigned()")[0].is_null(); });
     };
     gate_t::options read_write{};
     gate_t::options read_only{};
     read_only.transaction.read_only = true;
     gate_t::options untracked{};
     untracked.transaction.resolve_commit_outcome = false;
-    CHECK(assigned(read_write));   // txid_current() ran with BEGIN
+    CHECK(assigned(read_write));       // txid_current() ran with BEGIN
     CHECK_FALSE(assigned(read_only));  // nothing extra on the read-only path
     CHECK_FALSE(assigned(untracked));
 }

@@ -9,8 +9,7 @@
 using namespace bulkhead_test;
 using gate_t = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
 
-TEST_CASE("[B1] the callback runs inside one transaction on one pooled connection, committed by the gate",
-          "[pg][B1]") {
+TEST_CASE("[B1] the callback runs inside one transaction on one pooled connection, committed by the gate", "[pg][B1]") {
     scratch_table table("bulkhead_b1", "id int PRIMARY KEY");
     bulkhead::pqxx_pool pool(pool_options("bulkhead-b1"));
     gate_t gate(pool, 2, 0);
@@ -20,8 +19,9 @@ TEST_CASE("[B1] the callback runs inside one transaction on one pooled connectio
         const int pid = tx.exec1("SELECT pg_backend_pid()")[0].as<int>();
         tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
         // Inside a transaction block: the server says so, and the write is not yet visible outside.
-        const auto in_block = tx.exec1("SELECT count(*) FROM pg_stat_activity WHERE pid = pg_backend_pid() "
-                                       "AND backend_xid IS NOT NULL")[0]
+        const auto in_block = tx.exec1(
+                                    "SELECT count(*) FROM pg_stat_activity WHERE pid = pg_backend_pid() "
+                                    "AND backend_xid IS NOT NULL")[0]
                                   .as<long>();
         const long outside_rows = scalar<long>(monitor, "SELECT count(*) FROM " + table.name());
         return std::tuple{pid, tx.exec1("SELECT pg_backend_pid()")[0].as<int>(), in_block, outside_rows};
@@ -45,8 +45,8 @@ TEST_CASE("[B2] the caller gets the value only after commit and after the connec
     });
     CHECK(value == 7);
     CHECK(in_use_inside == 1);
-    CHECK(pool.in_use() == 0);     // returned before the value reached us
-    CHECK(pool.idle() == 1);       // and kept for reuse
+    CHECK(pool.in_use() == 0);         // returned before the value reached us
+    CHECK(pool.idle() == 1);           // and kept for reuse
     CHECK(table.rows("id = 7") == 1);  // committed before the value reached us
     CHECK(gate.available() == 1);
 }
@@ -98,11 +98,11 @@ TEST_CASE("[B4] an SQL error in the callback rolls back and reaches the caller w
     CHECK(pool.size() == 1);
 }
 
-TEST_CASE("[B5] a commit that fails leaves nothing committed, releases the permits and a healthy pool",
-          "[pg][B5]") {
+TEST_CASE("[B5] a commit that fails leaves nothing committed, releases the permits and a healthy pool", "[pg][B5]") {
     scratch_table parent("bulkhead_b5_parent", "id int PRIMARY KEY");
-    scratch_table child("bulkhead_b5_child",
-                        "id int PRIMARY KEY, parent int REFERENCES bulkhead_b5_parent(id) DEFERRABLE INITIALLY DEFERRED");
+    scratch_table child(
+        "bulkhead_b5_child",
+        "id int PRIMARY KEY, parent int REFERENCES bulkhead_b5_parent(id) DEFERRABLE INITIALLY DEFERRED");
     bulkhead::pqxx_pool pool(pool_options("bulkhead-b5"));
     gate_t gate(pool, 1, 0);
     // The statements succeed; the deferred foreign key fails only at COMMIT.
@@ -122,9 +122,10 @@ TEST_CASE("[B5] a commit that fails leaves nothing committed, releases the permi
     CHECK(parent.rows() == 1);
 }
 
-TEST_CASE("[B6] a rollback that fails does not hide the original exception; the connection is discarded and "
-          "the failure reported",
-          "[pg][B6]") {
+TEST_CASE(
+    "[B6] a rollback that fails does not hide the original exception; the connection is discarded and "
+    "the failure reported",
+    "[pg][B6]") {
     bulkhead::pqxx_pool pool(pool_options("bulkhead-b6"));
     bulkhead::db_bulkhead<bulkhead::pqxx_pool, counting_observer> gate(pool, 1, 0);
     auto monitor = outside_connection();
@@ -145,8 +146,7 @@ TEST_CASE("[B6] a rollback that fails does not hide the original exception; the 
     CHECK(gate.available() == 1);
 }
 
-TEST_CASE("[B7] a connection that broke during the call is discarded; the next call gets a fresh one",
-          "[pg][B7]") {
+TEST_CASE("[B7] a connection that broke during the call is discarded; the next call gets a fresh one", "[pg][B7]") {
     bulkhead::pqxx_pool pool(pool_options("bulkhead-b7"));
     gate_t gate(pool, 1, 0);
     auto monitor = outside_connection();

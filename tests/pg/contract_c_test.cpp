@@ -16,7 +16,8 @@ using gate_t = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
 namespace {
 
 int backend_pid(gate_t& gate) {
-    return gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT pg_backend_pid()")[0].as<int>(); });
+    return gate.transaction(1s,
+                            [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT pg_backend_pid()")[0].as<int>(); });
 }
 
 }  // namespace
@@ -67,7 +68,8 @@ TEST_CASE("[C2] a lock timeout fails with 55P03, rolls back and the pool recover
         CHECK(gate.available() == 1);
         lock_tx.abort();
     }
-    gate.transaction(1s, [&](pqxx::dbtransaction& tx) { tx.exec0("UPDATE " + table.name() + " SET v = 2 WHERE id = 1"); });
+    gate.transaction(1s,
+                     [&](pqxx::dbtransaction& tx) { tx.exec0("UPDATE " + table.name() + " SET v = 2 WHERE id = 1"); });
     CHECK(table.rows("v = 2") == 1);
     CHECK(pool.in_use() == 0);
 }
@@ -173,8 +175,7 @@ TEST_CASE("[C7] an idle connection killed on the server is found out on borrow a
     CHECK(sessions(monitor, "bulkhead-c7") == 1);
 }
 
-TEST_CASE("[C7] with the default validation, a connection killed while idle is replaced without an error",
-          "[pg][C7]") {
+TEST_CASE("[C7] with the default validation, a connection killed while idle is replaced without an error", "[pg][C7]") {
     auto options = pool_options("bulkhead-c7b", 1);
     options.validate_after_idle = 50ms;
     bulkhead::pqxx_pool pool(options);
@@ -188,8 +189,7 @@ TEST_CASE("[C7] with the default validation, a connection killed while idle is r
     CHECK(second_pid != first_pid);
 }
 
-TEST_CASE("[C8] with the server down acquiring fails clearly without the password; the pool recovers",
-          "[pg][C8]") {
+TEST_CASE("[C8] with the server down acquiring fails clearly without the password; the pool recovers", "[pg][C8]") {
     private_cluster cluster;
     const std::string conninfo = cluster.conninfo();
     const auto password_at = conninfo.find("password=");
@@ -222,7 +222,8 @@ TEST_CASE("[C8] with the server down acquiring fails clearly without the passwor
 
     cluster.start_server();
     int value = 0;
-    CHECK_NOTHROW(value = gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT 9")[0].as<int>(); }));
+    CHECK_NOTHROW(value =
+                      gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT 9")[0].as<int>(); }));
     CHECK(value == 9);
     CHECK(pool.in_use() == 0);
 }
@@ -230,8 +231,9 @@ TEST_CASE("[C8] with the server down acquiring fails clearly without the passwor
 TEST_CASE("[C9] after 1,000 calls failing in every way, mixed, the gate and the pool are back to full",
           "[pg][C9][stress]") {
     scratch_table parent("bulkhead_c9_parent", "id int PRIMARY KEY");
-    scratch_table child("bulkhead_c9_child",
-                        "id serial PRIMARY KEY, parent int REFERENCES bulkhead_c9_parent(id) DEFERRABLE INITIALLY DEFERRED");
+    scratch_table child(
+        "bulkhead_c9_child",
+        "id serial PRIMARY KEY, parent int REFERENCES bulkhead_c9_parent(id) DEFERRABLE INITIALLY DEFERRED");
     auto options = pool_options("bulkhead-c9", 3);
     options.connection_timeout = 250ms;
     bulkhead::pqxx_pool pool(options);
@@ -256,16 +258,27 @@ TEST_CASE("[C9] after 1,000 calls failing in every way, mixed, the gate and the 
                         {.queue_wait = std::chrono::milliseconds(random() % 5), .stop = source.get_token()},
                         [&](pqxx::dbtransaction& tx) {
                             switch (kind) {
-                                case 0: throw std::runtime_error("callback failure");
-                                case 1: tx.exec1("SELECT 1/0"); break;
+                                case 0:
+                                    throw std::runtime_error("callback failure");
+                                case 1:
+                                    tx.exec1("SELECT 1/0");
+                                    break;
                                 case 2:
                                     tx.exec0("SET LOCAL statement_timeout = '5ms'");
                                     tx.exec("SELECT pg_sleep(0.05)");
                                     break;
-                                case 3: tx.exec0("INSERT INTO " + child.name() + "(parent) VALUES (-1)"); break;
-                                case 4: tx.commit(); break;
-                                case 5: tx.exec0("SELEKT"); break;
-                                default: tx.exec1("SELECT 1"); break;
+                                case 3:
+                                    tx.exec0("INSERT INTO " + child.name() + "(parent) VALUES (-1)");
+                                    break;
+                                case 4:
+                                    tx.commit();
+                                    break;
+                                case 5:
+                                    tx.exec0("SELEKT");
+                                    break;
+                                default:
+                                    tx.exec1("SELECT 1");
+                                    break;
                             }
                             return kind;
                         });
@@ -318,9 +331,8 @@ TEST_CASE("[C10] server-side concurrency through one gate never exceeds B under 
     for (int t = 0; t < 64; ++t) {
         threads.emplace_back([&] {
             for (int i = 0; i < 5; ++i) {
-                auto outcome = gate.try_transaction(10s, [](pqxx::dbtransaction& tx) {
-                    tx.exec("SELECT pg_sleep(0.01)");
-                });
+                auto outcome =
+                    gate.try_transaction(10s, [](pqxx::dbtransaction& tx) { tx.exec("SELECT pg_sleep(0.01)"); });
                 if (outcome) {
                     ++completed;
                 }
@@ -335,6 +347,6 @@ TEST_CASE("[C10] server-side concurrency through one gate never exceeds B under 
     INFO("samples " << samples << ", most busy sessions " << most_active);
     CHECK(completed == 64 * 5);
     CHECK(most_active <= concurrent);
-    CHECK(most_active >= 1);  // the sampler did see the gate's work
+    CHECK(most_active >= 1);                                     // the sampler did see the gate's work
     CHECK(pool.size() <= static_cast<std::size_t>(concurrent));  // the gate never needed more connections
 }

@@ -99,8 +99,8 @@ TEST_CASE("examples/metrics_server serves an exposition that passes the format c
 
     const auto path = std::filesystem::temp_directory_path() / "bulkhead-metrics-server.txt";
     std::ofstream(path) << body;
-    const std::string check = "/usr/bin/python3 '" BULKHEAD_SOURCE_DIR "/tests/support/check_prometheus.py' '" +
-                              path.string() + "'";
+    const std::string check =
+        "/usr/bin/python3 '" BULKHEAD_SOURCE_DIR "/tests/support/check_prometheus.py' '" + path.string() + "'";
     CHECK(std::system(check.c_str()) == 0);
     std::filesystem::remove(path);
 }

@@ -98,7 +98,8 @@ TEST_CASE("hostile, unsatisfiable pool options are refused, naming the field and
          "validation_timeout must be at least 250 ms, got 100 ms"},
         {"idle_timeout negative", with([](auto& o) { o.idle_timeout = ms(-5); }),
          "idle_timeout must not be negative, got -5 ms"},
-        {"max_lifetime negative", with([](auto& o) { o.max_lifetime = ms::min(); }), "max_lifetime must not be negative"},
+        {"max_lifetime negative", with([](auto& o) { o.max_lifetime = ms::min(); }),
+         "max_lifetime must not be negative"},
         {"validate_after_idle negative", with([](auto& o) { o.validate_after_idle = ms(-1); }),
          "validate_after_idle must not be negative, got -1 ms"},
         {"empty conninfo", with([](auto& o) { o.conninfo.clear(); }), "conninfo must not be empty"},
@@ -210,9 +211,9 @@ TEST_CASE("hostile, transaction settings out of range are refused by name; permi
     const auto refused = [&](bulkhead::pqxx_pool::transaction_options settings, const std::string& message) {
         INFO(message);
         int ran = 0;
-        CHECK_THROWS_MATCHES(gate.transaction({.queue_wait = 1s, .transaction = settings},
-                                              [&](pqxx::dbtransaction&) { return ++ran; }),
-                             std::invalid_argument, Catch::Message(message));
+        CHECK_THROWS_MATCHES(
+            gate.transaction({.queue_wait = 1s, .transaction = settings}, [&](pqxx::dbtransaction&) { return ++ran; }),
+            std::invalid_argument, Catch::Message(message));
         CHECK(ran == 0);
         CHECK(gate.available() == 1);
         CHECK(gate.available_slots() == 1);
@@ -252,14 +253,12 @@ TEST_CASE("hostile, deadlines in the past never reach the server; an enormous qu
 
 // A deadline more than INT_MAX ms (24.8 days) away cannot be a statement_timeout
 // (PostgreSQL's range); it must not bound the work, nor be refused.
-TEST_CASE("hostile, a deadline 30 days away does not bound the work and is not refused",
-          "[pg][hostile][deadline]") {
+TEST_CASE("hostile, a deadline 30 days away does not bound the work and is not refused", "[pg][hostile][deadline]") {
     bulkhead::pqxx_pool pool(pool_options("bulkhead-hostile-far-deadline", 1));
     gate_t gate(pool, 1, 0);
     const auto far = steady::now() + std::chrono::hours(24 * 30);
     int value = 0;
-    CHECK_NOTHROW(value = gate.transaction({.queue_wait = 1s, .deadline = far}, [](pqxx::dbtransaction& tx) {
-        return tx.exec1("SELECT 5")[0].as<int>();
-    }));
+    CHECK_NOTHROW(value = gate.transaction({.queue_wait = 1s, .deadline = far},
+                                           [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT 5")[0].as<int>(); }));
     CHECK(value == 5);
 }

@@ -44,9 +44,8 @@ TEST_CASE("pool stats, opened, and closed for each reason, with the hook told", 
         bulkhead::pqxx_pool pool(options);
         bulkhead::db_bulkhead gate(pool, 1, 0);
         CHECK(pool.stats().opened == 0);
-        const int pid = gate.transaction(1s, [](pqxx::dbtransaction& tx) {
-            return tx.exec1("SELECT pg_backend_pid()")[0].as<int>();
-        });
+        const int pid = gate.transaction(
+            1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT pg_backend_pid()")[0].as<int>(); });
         CHECK(pool.stats().opened == 1);
 
         // validation_failed: killed while idle, found out on borrow
@@ -72,7 +71,8 @@ TEST_CASE("pool stats, opened, and closed for each reason, with the hook told", 
             } catch (const pqxx::broken_connection&) {
             }
         }
-        CHECK(pool.stats().closed_for(close_reason::broken) + pool.stats().closed_for(close_reason::validation_failed) ==
+        CHECK(pool.stats().closed_for(close_reason::broken) +
+                  pool.stats().closed_for(close_reason::validation_failed) ==
               2);
 
         // acquire timeouts
@@ -113,9 +113,10 @@ TEST_CASE("pool stats, lifetime and idle retirement, and connection failures, ar
         CHECK(pool.stats().closed_for(close_reason::idle) >= 1);
     }
     SECTION("connection failures") {
-        bulkhead::pqxx_pool pool({.conninfo = "host=127.0.0.1 port=1 dbname=x user=x password=secret-pw connect_timeout=2",
-                                  .max_size = 1,
-                                  .connection_timeout = 300ms});
+        bulkhead::pqxx_pool pool(
+            {.conninfo = "host=127.0.0.1 port=1 dbname=x user=x password=secret-pw connect_timeout=2",
+             .max_size = 1,
+             .connection_timeout = 300ms});
         CHECK_THROWS_AS(pool.acquire(), bulkhead::pool_timeout);
         CHECK(pool.stats().connect_failures >= 1);
         CHECK(pool.stats().acquire_timeouts == 1);

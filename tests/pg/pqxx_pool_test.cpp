@@ -934,13 +934,13 @@ TEST_CASE("[B7] a connection lost before COMMIT is settled as rolled back, and r
     bulkhead::db_bulkhead<bulkhead::pqxx_pool, observer> gate(pool, 1, 0);
     int lost = 0;
     CHECK_THROWS_WITH(gate.transaction(1s,
-                                     [&](pqxx::dbtransaction& tx) {
-                                         tx.exec("INSERT INTO " + table.name() + " VALUES (1)");
-                                         lost = tx.conn().backendpid();
-                                         REQUIRE(admin.terminate(lost));
-                                         REQUIRE(eventually([&] { return !admin.alive(lost); }));
-                                     }),
-                    Catch::Contains("txid_status confirms the transaction was rolled back"));
+                                       [&](pqxx::dbtransaction& tx) {
+                                           tx.exec("INSERT INTO " + table.name() + " VALUES (1)");
+                                           lost = tx.conn().backendpid();
+                                           REQUIRE(admin.terminate(lost));
+                                           REQUIRE(eventually([&] { return !admin.alive(lost); }));
+                                       }),
+                      Catch::Contains("txid_status confirms the transaction was rolled back"));
     // Settled: there is no transaction left to roll back, so no rollback failed.
     CHECK(gate.observer().rollback_failures == 0);
     CHECK(pool.in_use() == 0);

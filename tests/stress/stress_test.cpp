@@ -79,17 +79,17 @@ enum class choice : std::uint8_t {
     commit_failure,     // a deferred foreign key that fails at COMMIT (23503)
 };
 constexpr std::size_t choice_count = 8;
-constexpr std::array<std::string_view, choice_count> choice_names{
-    "succeed", "throw", "sql_error", "statement_timeout", "stop_waiting", "stop_working", "queue_timeout",
-    "commit_failure"};
+constexpr std::array<std::string_view, choice_count> choice_names{"succeed",           "throw",         "sql_error",
+                                                                  "statement_timeout", "stop_waiting",  "stop_working",
+                                                                  "queue_timeout",     "commit_failure"};
 
 enum class outcome : std::uint8_t {
     ok,
-    callback_exception,      // the callback's own exception, unchanged
-    sql_22012,               // division by zero
-    sql_57014,               // statement cancelled by statement_timeout
-    sql_23503,               // the deferred foreign key at COMMIT
-    sql_other,               // any other SQLSTATE (faults: 57P01 admin shutdown, ...)
+    callback_exception,  // the callback's own exception, unchanged
+    sql_22012,           // division by zero
+    sql_57014,           // statement cancelled by statement_timeout
+    sql_23503,           // the deferred foreign key at COMMIT
+    sql_other,           // any other SQLSTATE (faults: 57P01 admin shutdown, ...)
     admission_full,
     admission_timeout,
     admission_cancelled,
@@ -98,17 +98,30 @@ enum class outcome : std::uint8_t {
     work_cancelled,
     work_deadline_exceeded,
     commit_unknown,
-    broken_connection,       // pqxx::broken_connection (faults)
-    in_doubt,                // pqxx::in_doubt_error: must never reach the caller (the pool settles it)
+    broken_connection,  // pqxx::broken_connection (faults)
+    in_doubt,           // pqxx::in_doubt_error: must never reach the caller (the pool settles it)
     other_std_exception,
     unknown_exception,
 };
 constexpr std::size_t outcome_count = 18;
-constexpr std::array<std::string_view, outcome_count> outcome_names{
-    "ok", "callback_exception", "sql_22012", "sql_57014", "sql_23503", "sql_other", "admission_full",
-    "admission_timeout", "admission_cancelled", "pool_timeout", "deadline_exceeded", "work_cancelled",
-    "work_deadline_exceeded", "commit_unknown", "broken_connection", "in_doubt", "other_std_exception",
-    "unknown_exception"};
+constexpr std::array<std::string_view, outcome_count> outcome_names{"ok",
+                                                                    "callback_exception",
+                                                                    "sql_22012",
+                                                                    "sql_57014",
+                                                                    "sql_23503",
+                                                                    "sql_other",
+                                                                    "admission_full",
+                                                                    "admission_timeout",
+                                                                    "admission_cancelled",
+                                                                    "pool_timeout",
+                                                                    "deadline_exceeded",
+                                                                    "work_cancelled",
+                                                                    "work_deadline_exceeded",
+                                                                    "commit_unknown",
+                                                                    "broken_connection",
+                                                                    "in_doubt",
+                                                                    "other_std_exception",
+                                                                    "unknown_exception"};
 
 constexpr bool is_rejection(outcome result) {
     return result == outcome::admission_full || result == outcome::admission_timeout ||
@@ -125,9 +138,8 @@ constexpr bool is_fault_outcome(outcome result) {
 /// Whether `result` is a legitimate end for a call that chose `kind`. With
 /// faults, a lost connection can end any call.
 bool allowed(choice kind, outcome result, bool faults) {
-    if (result == outcome::in_doubt || result == outcome::unknown_exception ||
-        result == outcome::other_std_exception || result == outcome::deadline_exceeded ||
-        result == outcome::work_deadline_exceeded) {
+    if (result == outcome::in_doubt || result == outcome::unknown_exception || result == outcome::other_std_exception ||
+        result == outcome::deadline_exceeded || result == outcome::work_deadline_exceeded) {
         return false;  // no call has a deadline; in_doubt must be settled by the pool
     }
     if (is_fault_outcome(result)) {
@@ -137,18 +149,23 @@ bool allowed(choice kind, outcome result, bool faults) {
         return true;  // full or timed out: possible for every call under this load
     }
     switch (kind) {
-        case choice::succeed: return result == outcome::ok;
-        case choice::throw_exception: return result == outcome::callback_exception;
-        case choice::sql_error: return result == outcome::sql_22012;
-        case choice::statement_timeout: return result == outcome::sql_57014;
+        case choice::succeed:
+            return result == outcome::ok;
+        case choice::throw_exception:
+            return result == outcome::callback_exception;
+        case choice::sql_error:
+            return result == outcome::sql_22012;
+        case choice::statement_timeout:
+            return result == outcome::sql_57014;
         case choice::stop_waiting:
         case choice::stop_working:
             // Queued or working when the stop came; or done before it (a slow
             // stopper thread under a sanitizer).
-            return result == outcome::admission_cancelled || result == outcome::work_cancelled ||
-                   result == outcome::ok;
-        case choice::queue_timeout: return result == outcome::ok;
-        case choice::commit_failure: return result == outcome::sql_23503;
+            return result == outcome::admission_cancelled || result == outcome::work_cancelled || result == outcome::ok;
+        case choice::queue_timeout:
+            return result == outcome::ok;
+        case choice::commit_failure:
+            return result == outcome::sql_23503;
     }
     return false;
 }
@@ -233,7 +250,7 @@ private:
     std::mutex m_mutex;
     std::condition_variable m_wake;
     std::priority_queue<entry, std::vector<entry>, std::greater<>> m_due;  // guarded by m_mutex
-    bool m_closing = false;                                                 // guarded by m_mutex
+    bool m_closing = false;                                                // guarded by m_mutex
     std::thread m_thread;
 };
 
@@ -244,10 +261,10 @@ private:
 struct load_settings {
     std::string conninfo;
     std::string application_name;
-    std::string calls_table;   // (kind int): one row per call, inserted first
-    std::string child_table;   // (parent int REFERENCES ... DEFERRABLE INITIALLY DEFERRED)
-    int concurrent = 8;        // B
-    int extra_slots = 24;      // Q
+    std::string calls_table;  // (kind int): one row per call, inserted first
+    std::string child_table;  // (parent int REFERENCES ... DEFERRABLE INITIALLY DEFERRED)
+    int concurrent = 8;       // B
+    int extra_slots = 24;     // Q
     std::size_t pool_size = 8;
     std::chrono::milliseconds connection_timeout{5000};
     int threads = 200;
@@ -325,7 +342,11 @@ private:
 class caller {
 public:
     caller(int id, gate_t& gate, const load_settings& settings, load_counts& counts, stopper& stops)
-        : m_id(id), m_gate(gate), m_settings(settings), m_counts(counts), m_stops(stops),
+        : m_id(id),
+          m_gate(gate),
+          m_settings(settings),
+          m_counts(counts),
+          m_stops(stops),
           m_random(static_cast<unsigned>(id) * 7919U + static_cast<unsigned>(::getpid())) {}
 
     void run(steady::time_point until) {
@@ -350,7 +371,9 @@ private:
         gate_t::options options{.queue_wait = 500ms};
         std::stop_source source;
         switch (kind) {
-            case choice::statement_timeout: options.transaction.statement_timeout = 20ms; break;
+            case choice::statement_timeout:
+                options.transaction.statement_timeout = 20ms;
+                break;
             case choice::stop_waiting:
                 options.queue_wait = 2s;
                 options.stop = source.get_token();
@@ -361,8 +384,11 @@ private:
                 options.stop = source.get_token();
                 m_stops.schedule(source, steady::now() + std::chrono::milliseconds(5 + m_random() % 20));
                 break;
-            case choice::queue_timeout: options.queue_wait = std::chrono::microseconds(m_random() % 1000); break;
-            default: break;
+            case choice::queue_timeout:
+                options.queue_wait = std::chrono::microseconds(m_random() % 1000);
+                break;
+            default:
+                break;
         }
         const std::string insert =
             "INSERT INTO " + m_settings.calls_table + " (kind) VALUES (" + std::to_string(static_cast<int>(kind)) + ")";
@@ -370,14 +396,21 @@ private:
             const running_scope scope(m_counts);
             tx.exec0(insert);
             switch (kind) {
-                case choice::throw_exception: throw callback_failure{m_id};
-                case choice::sql_error: tx.exec("SELECT 1/0"); break;
+                case choice::throw_exception:
+                    throw callback_failure{m_id};
+                case choice::sql_error:
+                    tx.exec("SELECT 1/0");
+                    break;
                 case choice::statement_timeout:
-                case choice::stop_working: tx.exec("SELECT pg_sleep(0.3)"); break;
+                case choice::stop_working:
+                    tx.exec("SELECT pg_sleep(0.3)");
+                    break;
                 case choice::commit_failure:
                     tx.exec0("INSERT INTO " + m_settings.child_table + " (parent) VALUES (-1)");
                     break;
-                default: tx.exec("SELECT pg_sleep(0.001)"); break;
+                default:
+                    tx.exec("SELECT pg_sleep(0.001)");
+                    break;
             }
             return m_id;
         };
@@ -436,11 +469,16 @@ private:
 
     static outcome from_reason(bulkhead::reject_reason reason) {
         switch (reason) {
-            case bulkhead::reject_reason::admission_full: return outcome::admission_full;
-            case bulkhead::reject_reason::admission_timeout: return outcome::admission_timeout;
-            case bulkhead::reject_reason::admission_cancelled: return outcome::admission_cancelled;
-            case bulkhead::reject_reason::pool_timeout: return outcome::pool_timeout;
-            case bulkhead::reject_reason::deadline_exceeded: return outcome::deadline_exceeded;
+            case bulkhead::reject_reason::admission_full:
+                return outcome::admission_full;
+            case bulkhead::reject_reason::admission_timeout:
+                return outcome::admission_timeout;
+            case bulkhead::reject_reason::admission_cancelled:
+                return outcome::admission_cancelled;
+            case bulkhead::reject_reason::pool_timeout:
+                return outcome::pool_timeout;
+            case bulkhead::reject_reason::deadline_exceeded:
+                return outcome::deadline_exceeded;
         }
         return outcome::unknown_exception;
     }
@@ -560,10 +598,11 @@ void run_load(gate_t& gate, bulkhead::pqxx_pool& pool, const load_settings& sett
     const auto give_up = until + 60s;
     while (finished.load() < settings.threads) {
         if (steady::now() > give_up) {
-            std::printf("stress: HANG: %d of %d threads still inside a call; available=%d slots=%d waiting=%d "
-                        "pool in_use=%zu waiting=%zu\n",
-                        settings.threads - finished.load(), settings.threads, gate.available(),
-                        gate.available_slots(), gate.waiting(), pool.in_use(), pool.waiting());
+            std::printf(
+                "stress: HANG: %d of %d threads still inside a call; available=%d slots=%d waiting=%d "
+                "pool in_use=%zu waiting=%zu\n",
+                settings.threads - finished.load(), settings.threads, gate.available(), gate.available_slots(),
+                gate.waiting(), pool.in_use(), pool.waiting());
             std::fflush(stdout);
             std::abort();
         }
@@ -585,10 +624,11 @@ void print_counts(std::string_view label, const load_counts& counts, double seco
                 static_cast<int>(label.size()), label.data(), counts.calls.load(), seconds,
                 static_cast<double>(counts.calls.load()) / seconds, counts.samples.load(),
                 counts.server_samples.load());
-    std::printf("stress: %.*s: most running callbacks %d, most inside %d, most queued %d, most busy server sessions "
-                "%ld\n",
-                static_cast<int>(label.size()), label.data(), counts.most_running.load(), counts.most_inside.load(),
-                counts.most_waiting.load(), counts.most_server_busy.load());
+    std::printf(
+        "stress: %.*s: most running callbacks %d, most inside %d, most queued %d, most busy server sessions "
+        "%ld\n",
+        static_cast<int>(label.size()), label.data(), counts.most_running.load(), counts.most_inside.load(),
+        counts.most_waiting.load(), counts.most_server_busy.load());
     std::string line;
     for (std::size_t result = 0; result < outcome_count; ++result) {
         const long total = counts.total(static_cast<outcome>(result));
@@ -655,8 +695,9 @@ std::array<long, choice_count> rows_by_choice(const std::string& conninfo, const
 long unfinished_sessions(const std::string& conninfo, const std::string& application_name, const std::string& states) {
     pqxx::connection connection(conninfo);
     pqxx::nontransaction tx(connection);
-    return tx.exec1("SELECT count(*) FROM pg_stat_activity WHERE application_name = " + tx.quote(application_name) +
-                    " AND state IN (" + states + ")")[0]
+    return tx
+        .exec1("SELECT count(*) FROM pg_stat_activity WHERE application_name = " + tx.quote(application_name) +
+               " AND state IN (" + states + ")")[0]
         .as<long>();
 }
 
@@ -713,8 +754,9 @@ void check_back_to_full(gate_t& gate, bulkhead::pqxx_pool& pool, const load_sett
 /// Terminates every server session of `application_name`; returns how many.
 long terminate_sessions(pqxx::connection& monitor, const std::string& application_name) {
     pqxx::nontransaction tx(monitor);
-    return tx.exec1("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = " +
-                    tx.quote(application_name))[0]
+    return tx
+        .exec1("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = " +
+               tx.quote(application_name))[0]
         .as<long>();
 }
 
@@ -811,17 +853,18 @@ TEST_CASE("[A9] [A11] [C9] [C10] hundreds of threads through one gate over the r
         CHECK(rows.at(kind) == counts.count(static_cast<choice>(kind), outcome::ok));
     }
     // Every way of ending happened at least once.
-    for (const outcome result : {outcome::ok, outcome::callback_exception, outcome::sql_22012, outcome::sql_57014,
-                                 outcome::sql_23503, outcome::admission_full, outcome::admission_cancelled,
-                                 outcome::work_cancelled, outcome::admission_timeout}) {
+    for (const outcome result :
+         {outcome::ok, outcome::callback_exception, outcome::sql_22012, outcome::sql_57014, outcome::sql_23503,
+          outcome::admission_full, outcome::admission_cancelled, outcome::work_cancelled, outcome::admission_timeout}) {
         INFO("outcome " << outcome_names[static_cast<std::size_t>(result)]);
         CHECK(counts.total(result) > 0);
     }
     drop_tables(settings.conninfo, settings);
 }
 
-TEST_CASE("[B7] [C7] [C8] backends terminated, connections refused, the server restarted, and the gate and pool recover",
-          "[pg][stress][faults]") {
+TEST_CASE(
+    "[B7] [C7] [C8] backends terminated, connections refused, the server restarted, and the gate and pool recover",
+    "[pg][stress][faults]") {
     const int seconds = env_int("BULKHEAD_STRESS_SECONDS", BULKHEAD_STRESS_DEFAULT_SECONDS);
     bulkhead_test::private_cluster cluster;
     {
@@ -889,9 +932,10 @@ TEST_CASE("[B7] [C7] [C8] backends terminated, connections refused, the server r
                                              tx.quote(settings.application_name))[0]
                                         .as<long>();
                 }
-                std::printf("stress: faults: server full with %zu outside connections, %ld pool sessions left, "
-                            "refusal: %s\n",
-                            fillers.size(), pool_sessions, refusal.c_str());
+                std::printf(
+                    "stress: faults: server full with %zu outside connections, %ld pool sessions left, "
+                    "refusal: %s\n",
+                    fillers.size(), pool_sessions, refusal.c_str());
                 std::this_thread::sleep_for(2s);
                 fillers.clear();  // the fault ends
                 fault_figure figure{"connections refused (max_connections)"};
@@ -926,9 +970,10 @@ TEST_CASE("[B7] [C7] [C8] backends terminated, connections refused, the server r
     print_counts("faults", counts, elapsed);
     double worst = 0;
     for (const fault_figure& figure : figures) {
-        std::printf("stress: fault %-38s lasted %7.1f ms; after its end: first success %7.1f ms, first success "
-                    "of a call started after it %7.1f ms\n",
-                    figure.name.c_str(), figure.fault_ms, figure.first_ok_ms, figure.recovery_ms);
+        std::printf(
+            "stress: fault %-38s lasted %7.1f ms; after its end: first success %7.1f ms, first success "
+            "of a call started after it %7.1f ms\n",
+            figure.name.c_str(), figure.fault_ms, figure.first_ok_ms, figure.recovery_ms);
         INFO("fault " << figure.name);
         CHECK(figure.recovery_ms >= 0);  // recovered within the limit, by itself
         worst = std::max(worst, figure.recovery_ms);

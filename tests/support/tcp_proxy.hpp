@@ -99,7 +99,7 @@ private:
     struct link {
         int client = -1;
         int upstream = -1;
-        std::atomic<bool> swallow{false};        // drop_after_commit: eat the server's answer
+        std::atomic<bool> swallow{false};  // drop_after_commit: eat the server's answer
         std::atomic<bool> closed{false};
         std::thread client_to_upstream;
         std::thread upstream_to_client;
@@ -238,8 +238,8 @@ private:
     /// the pool's "SELECT 1; COMMIT"); `size` counts the terminating NUL.
     static bool is_commit(const char* text, std::size_t size) noexcept {
         std::size_t end = size;
-        while (end > 0 && (text[end - 1] == '\0' || text[end - 1] == ';' || text[end - 1] == ' ' ||
-                           text[end - 1] == '\n')) {
+        while (end > 0 &&
+               (text[end - 1] == '\0' || text[end - 1] == ';' || text[end - 1] == ' ' || text[end - 1] == '\n')) {
             --end;
         }
         static constexpr char word[] = "COMMIT";

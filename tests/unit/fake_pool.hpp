@@ -73,10 +73,10 @@ public:
     };
 
     // --- knobs: fail at a step ---------------------------------------------
-    std::atomic<bool> fail_acquire{false};   // throws pool_timeout
-    std::atomic<bool> fail_begin{false};     // throws fake_failure
-    std::atomic<bool> fail_commit{false};    // throws fake_failure, nothing committed
-    std::atomic<bool> fail_rollback{false};  // throws fake_failure
+    std::atomic<bool> fail_acquire{false};           // throws pool_timeout
+    std::atomic<bool> fail_begin{false};             // throws fake_failure
+    std::atomic<bool> fail_commit{false};            // throws fake_failure, nothing committed
+    std::atomic<bool> fail_rollback{false};          // throws fake_failure
     std::atomic<bool> commit_throws_unknown{false};  // commit throws bulkhead::commit_unknown
 
     // --- what happened -------------------------------------------------------
@@ -204,10 +204,18 @@ struct recording_observer {
 
     void on_rejected(bulkhead::reject_reason reason) noexcept {
         switch (reason) {
-            case bulkhead::reject_reason::admission_full: ++rejected_full; break;
-            case bulkhead::reject_reason::admission_timeout: ++rejected_timeout; break;
-            case bulkhead::reject_reason::admission_cancelled: ++rejected_cancelled; break;
-            default: ++rejected_other; break;
+            case bulkhead::reject_reason::admission_full:
+                ++rejected_full;
+                break;
+            case bulkhead::reject_reason::admission_timeout:
+                ++rejected_timeout;
+                break;
+            case bulkhead::reject_reason::admission_cancelled:
+                ++rejected_cancelled;
+                break;
+            default:
+                ++rejected_other;
+                break;
         }
     }
     void on_rollback_failed(std::exception_ptr failure) noexcept {

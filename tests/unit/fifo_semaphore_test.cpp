@@ -269,10 +269,19 @@ TEST_CASE("fifo_semaphore, many threads never hold more than the permits", "[sem
             for (int i = 0; i < 2000; ++i) {
                 bool got = false;
                 switch ((i + t) % 4) {
-                    case 0: got = sem.try_acquire(); break;
-                    case 1: got = sem.try_acquire_for(std::chrono::microseconds(50)); break;
-                    case 2: got = sem.try_acquire_for(1s, source.get_token()) == wait_status::acquired; break;
-                    default: sem.acquire(); got = true; break;
+                    case 0:
+                        got = sem.try_acquire();
+                        break;
+                    case 1:
+                        got = sem.try_acquire_for(std::chrono::microseconds(50));
+                        break;
+                    case 2:
+                        got = sem.try_acquire_for(1s, source.get_token()) == wait_status::acquired;
+                        break;
+                    default:
+                        sem.acquire();
+                        got = true;
+                        break;
                 }
                 if (!got) {
                     ++gave_up;

@@ -9,9 +9,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <future>
-#include <exception>
 #include <latch>
 #include <mutex>
 #include <random>
@@ -35,13 +35,14 @@ using bulkhead_test::raise_max;
 template <class Gate>
 class blocker {
 public:
-    explicit blocker(Gate& gate) : m_thread([this, &gate] {
-        gate.transaction(0ms, [this](fake_pool::work&) {
-            m_entered.count_down();
-            m_release.wait();
-            return 0;
-        });
-    }) {
+    explicit blocker(Gate& gate)
+        : m_thread([this, &gate] {
+              gate.transaction(0ms, [this](fake_pool::work&) {
+                  m_entered.count_down();
+                  m_release.wait();
+                  return 0;
+              });
+          }) {
         m_entered.wait();
     }
     blocker(const blocker&) = delete;
@@ -98,7 +99,8 @@ static_assert(std::is_base_of_v<bulkhead::rejected, bulkhead::admission_timeout>
 static_assert(std::is_base_of_v<bulkhead::rejected, bulkhead::admission_cancelled>);
 static_assert(std::is_base_of_v<bulkhead::rejected, bulkhead::pool_timeout>);
 static_assert(std::is_base_of_v<bulkhead::rejected, bulkhead::deadline_exceeded>);
-static_assert(!std::is_copy_constructible_v<bulkhead::permit> && std::is_nothrow_move_constructible_v<bulkhead::permit>);
+static_assert(!std::is_copy_constructible_v<bulkhead::permit> &&
+              std::is_nothrow_move_constructible_v<bulkhead::permit>);
 static_assert(std::is_nothrow_move_assignable_v<bulkhead::permit> && std::is_nothrow_destructible_v<bulkhead::permit>);
 static_assert(!std::is_copy_constructible_v<gate_t> && !std::is_move_constructible_v<gate_t>);
 static_assert(!std::is_copy_constructible_v<bulkhead::transaction_guard<fake_pool>>);
@@ -242,9 +244,9 @@ TEST_CASE("[A6] a stop request while waiting throws admission_cancelled and retu
     SECTION("a stop already requested rejects without touching the pool, even with free permits") {
         std::stop_source source;
         source.request_stop();
-        CHECK_THROWS_AS(gate.transaction({.queue_wait = 1s, .stop = source.get_token()},
-                                         [](fake_pool::work&) { return 1; }),
-                        bulkhead::admission_cancelled);
+        CHECK_THROWS_AS(
+            gate.transaction({.queue_wait = 1s, .stop = source.get_token()}, [](fake_pool::work&) { return 1; }),
+            bulkhead::admission_cancelled);
         auto outcome = gate.try_enter({.stop = source.get_token()});
         CHECK(outcome.error() == bulkhead::reject_reason::admission_cancelled);
         CHECK(pool.acquired == 0);
@@ -282,8 +284,7 @@ TEST_CASE("[A7] every rejection derives from bulkhead::rejected and says the wor
 }
 
 // --- A8 ---------------------------------------------------------------------
-TEST_CASE("[A8] permits are released only after the connection, transaction and cleanup finished",
-          "[gate][A8]") {
+TEST_CASE("[A8] permits are released only after the connection, transaction and cleanup finished", "[gate][A8]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);
 
@@ -468,8 +469,10 @@ TEST_CASE("[A13] entering the same gate again from a thread that holds it throws
     gate_t other(pool, 1, 0);
 
     SECTION("from inside the callback") {
-        CHECK_THROWS_AS(gate.transaction(1s, [&](fake_pool::work&) { return gate.transaction(1s, [](fake_pool::work&) { return 0; }); }),
-                        std::logic_error);
+        CHECK_THROWS_AS(
+            gate.transaction(
+                1s, [&](fake_pool::work&) { return gate.transaction(1s, [](fake_pool::work&) { return 0; }); }),
+            std::logic_error);
         CHECK_THROWS_WITH(gate.transaction(1s, [&](fake_pool::work&) { (void)gate.enter(); }),
                           Catch::Contains("not reentrant"));
     }
@@ -577,8 +580,7 @@ TEST_CASE("[A15] try_enter reports a queue timeout as a result", "[gate][A15][pe
 }
 
 // --- B3 ---------------------------------------------------------------------
-TEST_CASE("[B3] a callback that throws anything makes the gate roll back and rethrows it unchanged",
-          "[gate][B3]") {
+TEST_CASE("[B3] a callback that throws anything makes the gate roll back and rethrows it unchanged", "[gate][B3]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);
 
@@ -599,10 +601,11 @@ TEST_CASE("[B3] a callback that throws anything makes the gate roll back and ret
         }
     }
     SECTION("a type that is not a std::exception") {
-        CHECK_THROWS_AS(gate.transaction(0ms, [](fake_pool::work& work) {
-                            work.write(2);
-                            throw not_a_std_exception{3};
-                        }),
+        CHECK_THROWS_AS(gate.transaction(0ms,
+                                         [](fake_pool::work& work) {
+                                             work.write(2);
+                                             throw not_a_std_exception{3};
+                                         }),
                         not_a_std_exception);
     }
     SECTION("through the non-throwing twin as well") {
@@ -616,8 +619,7 @@ TEST_CASE("[B3] a callback that throws anything makes the gate roll back and ret
 }
 
 // --- B5 ---------------------------------------------------------------------
-TEST_CASE("[B5] a commit that fails leaves nothing committed, releases the permits and a healthy pool",
-          "[gate][B5]") {
+TEST_CASE("[B5] a commit that fails leaves nothing committed, releases the permits and a healthy pool", "[gate][B5]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);
     pool.fail_commit = true;
@@ -814,10 +816,13 @@ TEST_CASE("try_transaction does not swallow a rejection thrown by the callback i
     fake_pool pool;
     gate_t gate(pool, 1, 0);
     gate_t inner(pool, 1, 0);
-    CHECK_THROWS_AS(gate.try_transaction(0ms, [&](fake_pool::work&) { return inner.transaction(0ms, [&](fake_pool::work&) {
-                                                                                 throw bulkhead::admission_full();
-                                                                                 return 0;
-                                                                             }); }),
+    CHECK_THROWS_AS(gate.try_transaction(0ms,
+                                         [&](fake_pool::work&) {
+                                             return inner.transaction(0ms, [&](fake_pool::work&) {
+                                                 throw bulkhead::admission_full();
+                                                 return 0;
+                                             });
+                                         }),
                     bulkhead::admission_full);
     CHECK(pool.rollbacks == 2);
 }

@@ -68,8 +68,9 @@ int work_value(fake_pool::work& /*work*/) { return 7; }
 // ---------------------------------------------------------------------------
 
 TEST_CASE("hostile, fifo_semaphore refuses negative and oversized counts, naming them", "[hostile][semaphore]") {
-    for (const std::int64_t bad : {std::int64_t{-1}, std::numeric_limits<std::int64_t>::min(),
-                                   bulkhead::fifo_semaphore::max_permits + 1, std::numeric_limits<std::int64_t>::max()}) {
+    for (const std::int64_t bad :
+         {std::int64_t{-1}, std::numeric_limits<std::int64_t>::min(), bulkhead::fifo_semaphore::max_permits + 1,
+          std::numeric_limits<std::int64_t>::max()}) {
         INFO("permits " << bad);
         CHECK_THROWS_MATCHES(bulkhead::fifo_semaphore(bad), std::invalid_argument,
                              Catch::Message("bulkhead::fifo_semaphore: permits must be in [0, max_permits]"));
@@ -125,7 +126,8 @@ TEST_CASE("hostile, fifo_semaphore waits too long to represent wait until a stop
         CHECK(status == bulkhead::wait_status::cancelled);
         CHECK(steady::now() - start >= 40ms);
     };
-    waits_until_stopped([&](std::stop_token token) { return semaphore.try_acquire_for(std::chrono::hours::max(), token); });
+    waits_until_stopped(
+        [&](std::stop_token token) { return semaphore.try_acquire_for(std::chrono::hours::max(), token); });
     waits_until_stopped(
         [&](std::stop_token token) { return semaphore.try_acquire_for(std::chrono::nanoseconds::max(), token); });
     waits_until_stopped([&](std::stop_token token) {
@@ -158,7 +160,8 @@ TEST_CASE("hostile, admission_counter refuses negative and oversized capacities,
     CHECK_THROWS_MATCHES(bulkhead::admission_counter(std::numeric_limits<std::int64_t>::min()), std::invalid_argument,
                          Catch::Message("bulkhead::admission_counter: capacity must not be negative"));
     CHECK_THROWS_MATCHES(bulkhead::admission_counter(bulkhead::admission_counter::max_capacity + 1),
-                         std::invalid_argument, Catch::Message("bulkhead::admission_counter: capacity above max_capacity"));
+                         std::invalid_argument,
+                         Catch::Message("bulkhead::admission_counter: capacity above max_capacity"));
     bulkhead::admission_counter none(0);
     CHECK_FALSE(none.try_acquire());
     CHECK(none.available() == 0);
@@ -168,8 +171,7 @@ TEST_CASE("hostile, admission_counter refuses negative and oversized capacities,
 // db_bulkhead: construction
 // ---------------------------------------------------------------------------
 
-TEST_CASE("hostile, a gate refuses every impossible B and Q, naming which, and builds nothing",
-          "[hostile][gate][A1]") {
+TEST_CASE("hostile, a gate refuses every impossible B and Q, naming which, and builds nothing", "[hostile][gate][A1]") {
     fake_pool pool;
     constexpr int int_max = std::numeric_limits<int>::max();
     constexpr int int_min = std::numeric_limits<int>::min();
@@ -184,7 +186,8 @@ TEST_CASE("hostile, a gate refuses every impossible B and Q, naming which, and b
                              Catch::Message("bulkhead::db_bulkhead: extra_slots (Q) must not be negative"));
     }
     CHECK_THROWS_AS(gate_t(pool, 0, -1), std::invalid_argument);  // both wrong: still one clear error
-    for (const auto& [concurrent, extra] : {std::pair{int_max, 1}, std::pair{1, int_max}, std::pair{int_max, int_max}}) {
+    for (const auto& [concurrent, extra] :
+         {std::pair{int_max, 1}, std::pair{1, int_max}, std::pair{int_max, int_max}}) {
         INFO("B " << concurrent << ", Q " << extra);
         CHECK_THROWS_MATCHES(gate_t(pool, concurrent, extra), std::overflow_error,
                              Catch::Message("bulkhead::db_bulkhead: concurrent + extra_slots (B + Q) overflows int"));
@@ -250,9 +253,10 @@ TEST_CASE("hostile, deadlines in the past are refused with deadline_exceeded bef
     fake_pool pool;
     bulkhead::db_bulkhead<fake_pool, bulkhead_test::recording_observer> gate(pool, 1, 1);
     const auto before = std::tuple{gate.available(), gate.available_slots(), gate.waiting()};
-    for (const steady::time_point past : {steady::time_point{}, steady::time_point{} + 1ns, steady::now() - 1h,
-                                          steady::now() - 1ns, steady::now()}) {
-        CHECK_THROWS_AS(gate.transaction({.queue_wait = 1s, .deadline = past}, work_value), bulkhead::deadline_exceeded);
+    for (const steady::time_point past :
+         {steady::time_point{}, steady::time_point{} + 1ns, steady::now() - 1h, steady::now() - 1ns, steady::now()}) {
+        CHECK_THROWS_AS(gate.transaction({.queue_wait = 1s, .deadline = past}, work_value),
+                        bulkhead::deadline_exceeded);
         const auto answer = gate.try_transaction({.queue_wait = 1s, .deadline = past}, work_value);
         REQUIRE_FALSE(answer);
         CHECK(answer.error() == bulkhead::reject_reason::deadline_exceeded);
@@ -297,9 +301,9 @@ TEST_CASE("hostile, an enormous queue wait behind a held permit really waits, an
     {
         const delayed_stop stop(source, 50ms);
         const auto start = steady::now();
-        CHECK_THROWS_AS(gate.transaction({.queue_wait = std::chrono::nanoseconds::max(), .stop = source.get_token()},
-                                         work_value),
-                        bulkhead::admission_cancelled);
+        CHECK_THROWS_AS(
+            gate.transaction({.queue_wait = std::chrono::nanoseconds::max(), .stop = source.get_token()}, work_value),
+            bulkhead::admission_cancelled);
         CHECK(steady::now() - start >= 40ms);
     }
     CHECK(gate.available_slots() == 1);  // only the held permit's slot is taken
@@ -360,8 +364,8 @@ TEST_CASE("hostile, absolute waits at coarse max() time points wait instead of o
     std::stop_source source;
     bulkhead::wait_status status = bulkhead::wait_status::timed_out;
     std::thread waiter([&] {
-        status = semaphore.try_acquire_until(std::chrono::time_point<steady, std::chrono::hours>::max(),
-                                             source.get_token());
+        status =
+            semaphore.try_acquire_until(std::chrono::time_point<steady, std::chrono::hours>::max(), source.get_token());
     });
     bulkhead_test::await([&] { return semaphore.waiting() == 1; });  // it waits: no instant time-out
     semaphore.release();

@@ -28,10 +28,11 @@ namespace {
 
 /// Runs the format checker on `text`; returns its exit status and output.
 std::pair<int, std::string> check_format(const std::string& text) {
-    const auto path = std::filesystem::temp_directory_path() / ("bulkhead-metrics-" + std::to_string(::getpid()) + ".txt");
+    const auto path =
+        std::filesystem::temp_directory_path() / ("bulkhead-metrics-" + std::to_string(::getpid()) + ".txt");
     std::ofstream(path) << text;
-    const std::string command = "/usr/bin/python3 '" BULKHEAD_SOURCE_DIR "/tests/support/check_prometheus.py' '" +
-                                path.string() + "' 2>&1";
+    const std::string command =
+        "/usr/bin/python3 '" BULKHEAD_SOURCE_DIR "/tests/support/check_prometheus.py' '" + path.string() + "' 2>&1";
     std::FILE* pipe = ::popen(command.c_str(), "r");
     REQUIRE(pipe != nullptr);
     std::string output;
@@ -61,8 +62,7 @@ bulkhead::gate_stats busy_gate_stats(fake_pool& pool) {
 
 }  // namespace
 
-TEST_CASE("the Prometheus exposition of gates and pools passes a real parser and the conventions",
-          "[prometheus]") {
+TEST_CASE("the Prometheus exposition of gates and pools passes a real parser and the conventions", "[prometheus]") {
     fake_pool pool;
     bulkhead::prometheus_exposition metrics;
     metrics.add("orders", busy_gate_stats(pool));
@@ -99,8 +99,9 @@ TEST_CASE("the format checker rejects a broken exposition (it can fail)", "[prom
         "# HELP bulkhead_things counter without _total\n# TYPE bulkhead_things counter\nbulkhead_things 1\n");
     INFO(output);
     CHECK(status == 1);
-    const auto [status2, output2] = check_format("# HELP h x\n# TYPE h_seconds histogram\nh_seconds_bucket{le=\"1\"} 3\n"
-                                                 "h_seconds_bucket{le=\"+Inf\"} 2\nh_seconds_count 2\nh_seconds_sum 1\n");
+    const auto [status2, output2] = check_format(
+        "# HELP h x\n# TYPE h_seconds histogram\nh_seconds_bucket{le=\"1\"} 3\n"
+        "h_seconds_bucket{le=\"+Inf\"} 2\nh_seconds_count 2\nh_seconds_sum 1\n");
     INFO(output2);
     CHECK(status2 != 0);
 }

@@ -48,7 +48,7 @@ public:
 
 private:
     std::array<const void*, capacity> m_gates{};  // owned by one thread, no sharing
-    std::size_t m_count = 0;                       // owned by one thread, no sharing
+    std::size_t m_count = 0;                      // owned by one thread, no sharing
 };
 
 /// The current thread's record.
