@@ -1,6 +1,7 @@
 // db_bulkhead over a test-double pool: contract section A (permits) and the
 // rollback bookkeeping of section B that a fake pool can show (B3, B5, B6, B8).
 #include "fake_pool.hpp"
+#include "gate_blocker.hpp"
 #include "test_util.hpp"
 
 #include <bulkhead/bulkhead.hpp>
@@ -28,41 +29,8 @@ using gate_t = bulkhead::db_bulkhead<fake_pool>;
 namespace {
 
 using bulkhead_test::await;
+using bulkhead_test::blocker;
 using bulkhead_test::raise_max;
-
-/// Runs one transaction on its own thread whose callback holds the permit
-/// until go() is called.
-template <class Gate>
-class blocker {
-public:
-    explicit blocker(Gate& gate)
-        : m_thread([this, &gate] {
-              gate.transaction(0ms, [this](fake_pool::work&) {
-                  m_entered.count_down();
-                  m_release.wait();
-                  return 0;
-              });
-          }) {
-        m_entered.wait();
-    }
-    blocker(const blocker&) = delete;
-    blocker& operator=(const blocker&) = delete;
-    ~blocker() { go(); }
-
-    void go() {
-        if (!m_released) {
-            m_released = true;
-            m_release.count_down();
-            m_thread.join();
-        }
-    }
-
-private:
-    std::latch m_entered{1};
-    std::latch m_release{1};
-    bool m_released = false;
-    std::thread m_thread;
-};
 
 /// Starts a caller that queues for a permit with a long wait; returns once it is queued.
 template <class Gate>

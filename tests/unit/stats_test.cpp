@@ -1,6 +1,7 @@
 // gate.stats(): every counter moves exactly when its outcome happens, one
 // test per outcome, over the test-double pool.
 #include "fake_pool.hpp"
+#include "gate_blocker.hpp"
 #include "test_util.hpp"
 
 #include <bulkhead/bulkhead.hpp>
@@ -82,19 +83,10 @@ TEST_CASE("stats, a permit from enter() counts admitted and reads no clock on th
 TEST_CASE("stats, admission_full is counted under its reason", "[stats]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);
-    std::latch inside(1);
-    std::latch release(1);
-    auto holder = std::async(std::launch::async, [&] {
-        gate.transaction(0ms, [&](fake_pool::work&) {
-            inside.count_down();
-            release.wait();
-        });
-    });
-    inside.wait();
+    bulkhead_test::blocker holder(gate);
     (void)gate.try_enter();
     CHECK_THROWS(gate.transaction(0ms, [](fake_pool::work&) {}));
-    release.count_down();
-    holder.get();
+    holder.go();
     expected_counts expected{.admitted = 1, .completed = 1};
     expected.rejected[index(reject_reason::admission_full)] = 2;
     check_counts(gate, expected);
@@ -103,18 +95,9 @@ TEST_CASE("stats, admission_full is counted under its reason", "[stats]") {
 TEST_CASE("stats, a queue timeout is counted, and its wait timed", "[stats]") {
     fake_pool pool;
     gate_t gate(pool, 1, 1);
-    std::latch inside(1);
-    std::latch release(1);
-    auto holder = std::async(std::launch::async, [&] {
-        gate.transaction(0ms, [&](fake_pool::work&) {
-            inside.count_down();
-            release.wait();
-        });
-    });
-    inside.wait();
+    bulkhead_test::blocker holder(gate);
     (void)gate.try_transaction(20ms, [](fake_pool::work&) {});
-    release.count_down();
-    holder.get();
+    holder.go();
     expected_counts expected{.admitted = 1, .completed = 1};
     expected.rejected[index(reject_reason::admission_timeout)] = 1;
     check_counts(gate, expected);
