@@ -6,7 +6,7 @@
 // apart, cannot rule out).
 //
 // Counters: a_ns and b_ns (ns per operation, the fastest block of each),
-// ratio = a_ns / b_ns.
+// ratio = a_ns / b_ns, diff_ns = a_ns - b_ns.
 #include "bench_support.hpp"
 
 #include <bulkhead/admission_counter.hpp>
@@ -57,6 +57,7 @@ void paired(benchmark::State& state, std::int64_t block, A&& a, B&& b) {
     state.counters["a_ns"] = best_a;
     state.counters["b_ns"] = best_b;
     state.counters["ratio"] = best_a / best_b;
+    state.counters["diff_ns"] = best_a - best_b;
 }
 
 /// 200 rounds of two blocks: about 0.1 s for the fast pairs.
@@ -126,6 +127,7 @@ BENCHMARK(gate_vs_atomic_pair)
 // --- the non-throwing reject vs std::counting_semaphore::try_acquire on empty ----
 
 /// A gate (B = 1, Q = 0) whose one permit a thread of its own holds.
+template <class Observer = bulkhead::null_observer>
 class held_gate {
 public:
     held_gate() : m_gate(m_pool, 1, 0) {
@@ -140,16 +142,16 @@ public:
         });
         entered.wait();
     }
-    bulkhead::db_bulkhead<bulkhead_bench::null_pool>& gate() noexcept { return m_gate; }
+    bulkhead::db_bulkhead<bulkhead_bench::null_pool, Observer>& gate() noexcept { return m_gate; }
 
 private:
     bulkhead_bench::null_pool m_pool;
-    bulkhead::db_bulkhead<bulkhead_bench::null_pool> m_gate;
+    bulkhead::db_bulkhead<bulkhead_bench::null_pool, Observer> m_gate;
     std::jthread m_holder;  // destroyed first: stops, releases its permit, joins
 };
 
 void reject_vs_std_try_acquire(benchmark::State& state) {
-    held_gate full;
+    held_gate<> full;
     std::counting_semaphore<> empty(0);
     // The std side costs about a microsecond a call: smaller blocks.
     paired(
@@ -169,7 +171,7 @@ BENCHMARK(reject_vs_std_try_acquire)
     ->Apply(bulkhead_bench::one_thread);
 
 void transaction_reject_vs_std_try_acquire(benchmark::State& state) {
-    held_gate full;
+    held_gate<> full;
     std::counting_semaphore<> empty(0);
     paired(
         state, 200,
@@ -185,6 +187,61 @@ void transaction_reject_vs_std_try_acquire(benchmark::State& state) {
 }
 BENCHMARK(transaction_reject_vs_std_try_acquire)
     ->Name("paired/gate_try_transaction_reject_vs_std_try_acquire_empty")
+    ->Iterations(rounds)
+    ->Apply(bulkhead_bench::one_thread);
+
+// --- what the gate adds to a rejection: the counts and the observer -------------
+
+// b is the floor of a rejection: admission_counter::try_acquire on a counter
+// with no slot free (a load and a compare). a is the whole non-throwing
+// rejection through the gate (default Observer, null_observer): the misuse
+// checks, the counter, the rejection count and the (empty) observer call.
+// diff_ns bounds from above what the always-on counters and the default
+// observer cost per rejection.
+void reject_vs_counter_reject(benchmark::State& state) {
+    held_gate<> full;
+    bulkhead::admission_counter empty(0);
+    paired(
+        state, 10'000,
+        [&] {
+            const bulkhead::result<bulkhead::permit> outcome = full.gate().try_enter();
+            benchmark::DoNotOptimize(outcome);
+        },
+        [&] {
+            const bool admitted = empty.try_acquire();
+            benchmark::DoNotOptimize(admitted);
+        });
+}
+BENCHMARK(reject_vs_counter_reject)
+    ->Name("paired/gate_try_enter_reject_vs_admission_counter_reject")
+    ->Iterations(rounds)
+    ->Apply(bulkhead_bench::one_thread);
+
+/// An observer that does something with every rejection: counts it in a
+/// plain member (no atomic), as a user's own statistics might.
+struct counting_observer {
+    std::uint64_t rejections = 0;
+    void on_rejected(bulkhead::reject_reason /*reason*/) noexcept { ++rejections; }
+};
+
+// What an observer that is used costs next to the default one.
+void counting_observer_vs_null(benchmark::State& state) {
+    held_gate<counting_observer> observed;
+    held_gate<> plain;
+    paired(
+        state, 10'000,
+        [&] {
+            const bulkhead::result<bulkhead::permit> outcome = observed.gate().try_enter();
+            benchmark::DoNotOptimize(outcome);
+        },
+        [&] {
+            const bulkhead::result<bulkhead::permit> outcome = plain.gate().try_enter();
+            benchmark::DoNotOptimize(outcome);
+        });
+    benchmark::DoNotOptimize(observed.gate().observer().rejections);
+}
+BENCHMARK(counting_observer_vs_null)
+    ->Name("paired/gate_try_enter_reject_counting_observer_vs_null_observer")
     ->Iterations(rounds)
     ->Apply(bulkhead_bench::one_thread);
 

@@ -452,9 +452,9 @@ public:
     template <class Work>
     auto transaction(const options& call, Work&& work) {
         check_callable(work);
-        clock::time_point start{};
-        permit held = admit(call, &start).value();
-        return run(held, call, std::forward<Work>(work), start);
+        admission_times times;
+        permit held = admit(call, &times).value();
+        return run(held, call, std::forward<Work>(work), times);
     }
 
     /// Same as transaction({.queue_wait = queue_wait}, work).
@@ -469,18 +469,18 @@ public:
     template <class Work>
     auto try_transaction(const options& call, Work&& work) -> result<work_result_t<Work>> {
         check_callable(work);
-        clock::time_point start{};
-        result<permit> held = admit(call, &start);
+        admission_times times;
+        result<permit> held = admit(call, &times);
         if (!held) {
             return held.error();
         }
         bool started = false;
         try {
             if constexpr (std::is_void_v<work_result_t<Work>>) {
-                run(*held, call, std::forward<Work>(work), start, &started);
+                run(*held, call, std::forward<Work>(work), times, &started);
                 return {};
             } else {
-                return run(*held, call, std::forward<Work>(work), start, &started);
+                return run(*held, call, std::forward<Work>(work), times, &started);
             }
         } catch (const rejected& rejection) {
             if (started) {
@@ -576,10 +576,17 @@ private:
         return reason;
     }
 
+    /// When a transaction was admitted (it had a slot) and when it got its
+    /// execution permit: the same clock read when no wait was needed.
+    struct admission_times {
+        clock::time_point admitted{};
+        clock::time_point permitted{};
+    };
+
     /// Both admission stages. Returns a permit or why there is none. With
-    /// `start` (the transaction path) the permit wait is recorded; enter()
+    /// `times` (the transaction path) the permit wait is recorded; enter()
     /// passes none and reads no clock unless it has to wait.
-    result<permit> admit(const options& call, clock::time_point* start = nullptr) {
+    result<permit> admit(const options& call, admission_times* times = nullptr) {
         if (call.queue_wait < call.queue_wait.zero()) {
             throw std::invalid_argument("bulkhead::db_bulkhead: queue_wait must not be negative");
         }
@@ -609,17 +616,22 @@ private:
         if (!m_core.m_slots.try_acquire()) {
             return refuse(reject_reason::admission_full);
         }
-        if (start != nullptr) {
-            *start = clock::now();  // after admission: a rejection reads no clock
+        if (times != nullptr) {
+            // After admission: a rejection reads no clock.
+            times->admitted = times->permitted = clock::now();
         }
         if (m_core.m_running.try_acquire()) {
-            if (start != nullptr) {
+            if (times != nullptr) {
                 m_metrics.permit_wait.record(0U);
             }
         } else {
-            const clock::time_point waited_from = start != nullptr ? *start : clock::now();
+            const clock::time_point waited_from = times != nullptr ? times->admitted : clock::now();
             const wait_status waited = m_core.m_running.try_acquire_for(wait, call.stop);
-            m_metrics.permit_wait.record(clock::now() - waited_from);
+            const clock::time_point waited_until = clock::now();
+            m_metrics.permit_wait.record(waited_until - waited_from);
+            if (times != nullptr) {
+                times->permitted = waited_until;
+            }
             switch (waited) {
                 case wait_status::acquired:
                     break;
@@ -638,7 +650,7 @@ private:
     /// Stages 3 and 4 for a call that holds `held`. The permit is released
     /// by the caller's frame, after every local here has been destroyed.
     template <class Work>
-    work_result_t<Work> run(permit& held, const options& call, Work&& work, clock::time_point start,
+    work_result_t<Work> run(permit& held, const options& call, Work&& work, const admission_times& times,
                             bool* started = nullptr) {
         (void)held;
         // Seen after the permit was granted, but before the pool is touched:
@@ -646,16 +658,15 @@ private:
         if (call.stop.stop_requested()) {
             throw_refusal(reject_reason::admission_cancelled);
         }
-        if (call.deadline != clock::time_point::max() && call.deadline <= clock::now()) {
+        if (call.deadline != clock::time_point::max() && call.deadline <= times.permitted) {
             throw_refusal(reject_reason::deadline_exceeded);
         }
-        const clock::time_point permitted = clock::now();
         // Declared before the lease, so it is destroyed after it: it records
         // how long the connection was held, and the whole call.
-        call_timer timer(m_metrics, start);
+        call_timer timer(m_metrics, times.admitted);
         typename Pool::lease lease = acquire_lease(call.deadline);
         timer.connection_acquired();
-        m_metrics.pool_wait.record(timer.leased_at() - permitted);
+        m_metrics.pool_wait.record(timer.leased_at() - times.permitted);
         if constexpr (pool_takes_deadlines<Pool>) {
             if (call.deadline != clock::time_point::max()) {
                 transaction_options settings = call.transaction;

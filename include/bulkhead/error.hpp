@@ -59,6 +59,9 @@ public:
     /// \param reason why the call was turned away.
     /// \param what   the human-readable message.
     rejected(reject_reason reason, const std::string& what) : std::runtime_error(what), m_reason(reason) {}
+    /// As above, for a fixed message: one allocation fewer per throw (no
+    /// temporary std::string).
+    rejected(reject_reason reason, const char* what) : std::runtime_error(what), m_reason(reason) {}
 
     /// Why the call was turned away.
     [[nodiscard]] reject_reason reason() const noexcept { return m_reason; }
@@ -90,15 +93,15 @@ public:
 /// The pool had no connection to give within its connection timeout.
 class pool_timeout : public rejected {
 public:
-    explicit pool_timeout(const std::string& what = "db pool connection timed out")
-        : rejected(reject_reason::pool_timeout, what) {}
+    pool_timeout() : rejected(reject_reason::pool_timeout, "db pool connection timed out") {}
+    explicit pool_timeout(const std::string& what) : rejected(reject_reason::pool_timeout, what) {}
 };
 
 /// The call's deadline passed, or would pass, before the work could start.
 class deadline_exceeded : public rejected {
 public:
-    explicit deadline_exceeded(const std::string& what = "db deadline exceeded before the work started")
-        : rejected(reject_reason::deadline_exceeded, what) {}
+    deadline_exceeded() : rejected(reject_reason::deadline_exceeded, "db deadline exceeded before the work started") {}
+    explicit deadline_exceeded(const std::string& what) : rejected(reject_reason::deadline_exceeded, what) {}
 };
 
 /// The work started and was cancelled by a stop request: the gate asked the

@@ -4,25 +4,30 @@
 // stage of a gate: of all callers admitted, at most B run, the rest queue here
 // and are served oldest first.
 //
-// Fairness. Strict FIFO among waiters: a release() hands its permit directly
-// to the oldest waiter (no barging: the permit never becomes "free" for a
-// newcomer to grab while someone is queued). try_acquire() fails while anyone
-// is queued, even if a permit is momentarily free, so it never overtakes a
-// waiter. Each permit released wakes at most one thread, the one it was given
-// to; there is no wake-all.
+// Fairness. Strict FIFO among waiters: a release() that finds waiters hands
+// its permit to the oldest one. No barging: while anyone is queued, no
+// newcomer can take a permit, even one counted free for a moment;
+// try_acquire() fails then, so it never overtakes a waiter. Each permit
+// released wakes at most one thread, the one it was given to; there is no
+// wake-all.
 //
-// Costs. When nobody waits, try_acquire() and release() are one
-// compare-and-swap each on a single atomic word: no lock, no syscall. Waiting
+// Costs. When nobody waits, try_acquire() is one compare-and-swap and
+// release() one fetch_add on a single atomic word: no lock, no syscall. Waiting
 // takes the mutex, and the waiter's queue node (with its condition variable)
 // lives on the waiting thread's stack: no allocation per wait.
 //
 // The state word. m_state packs two 32-bit counts: the free permits (low
-// half) and the queued waiters (high half). Invariant: when waiters > 0, free
-// permits == 0. It holds because (a) a waiter joins the queue only under the
-// mutex and only after seeing zero free permits in the same compare-and-swap
-// that counts it in, and (b) release() adds to the free count without the
-// mutex only in a compare-and-swap that saw zero waiters; otherwise it takes
-// the mutex and hands permits to queued waiters first, adding only the rest.
+// half) and the queued waiters (high half). The waiter count changes only
+// under the mutex, together with the queue (so under the mutex it equals the
+// queue's length). Nobody takes a free permit while the waiter count is
+// non-zero except hand_over(), under the mutex: try_acquire() fails then, and
+// take_or_enqueue() queues. release() is one fetch_add, whatever it finds;
+// if it saw waiters, it then takes the mutex and hand_over() moves free
+// permits to the oldest waiters while both remain. Invariant: "waiters > 0
+// and free permits > 0" holds only while some release() that saw waiters has
+// not yet finished its hand_over(), which then grants those permits (or finds
+// the waiters gone: timed out or cancelled meanwhile, leaving the permits
+// free for anyone). tests/model/fifo_semaphore.pml checks this exhaustively.
 //
 // Timeout or cancellation racing a release. A waiter whose deadline expires,
 // or whose stop_token fires, must take the mutex again before it can leave
@@ -158,15 +163,13 @@ public:
             return;
         }
         const auto add = static_cast<std::uint64_t>(count);
-        std::uint64_t seen = m_state.load(std::memory_order_relaxed);
-        while (waiters_of(seen) == 0) {
-            assert(permits_of(seen) + add <= static_cast<std::uint64_t>(max_permits));
-            // release: publishes the releaser's writes to the next acquirer.
-            if (m_state.compare_exchange_weak(seen, seen + add, std::memory_order_release, std::memory_order_relaxed)) {
-                return;
-            }
+        // release: publishes the releaser's writes to the next acquirer (on
+        // the fast path directly, on the slow path through hand_over's CAS).
+        const std::uint64_t before = m_state.fetch_add(add, std::memory_order_release);
+        assert(permits_of(before) + add <= static_cast<std::uint64_t>(max_permits));
+        if (waiters_of(before) != 0) {
+            hand_over();
         }
-        hand_over(add);
     }
 
     /// Free permits right now: an observation, stale as soon as it returns.
@@ -293,9 +296,10 @@ private:
                 }
                 continue;
             }
-            // Zero free permits here (the invariant), so joining keeps it.
-            // relaxed: the queue itself is guarded by the mutex; a concurrent
-            // fast-path release fails its CAS and comes to the mutex instead.
+            // Joining: permits are either zero, or free while others wait
+            // (a release that saw them is on its way to hand_over(), which
+            // serves the queue in order, this node last). relaxed: the queue
+            // itself is guarded by the mutex.
             if (m_state.compare_exchange_weak(seen, seen + one_waiter, std::memory_order_relaxed,
                                               std::memory_order_relaxed)) {
                 m_queue.push_back(node);
@@ -304,22 +308,26 @@ private:
         }
     }
 
-    /// Under the mutex: grants permits to the oldest waiters, one wake each,
-    /// and frees whatever is left.
-    void hand_over(std::uint64_t count) noexcept {
+    /// Under the mutex: moves free permits to the oldest waiters, one wake
+    /// each, while both remain. Only permits can change concurrently (a
+    /// release() adds; no one else takes while anyone is queued), so the CAS
+    /// retries only for those.
+    void hand_over() noexcept {
         const std::lock_guard lock(m_mutex);
-        while (count > 0 && !m_queue.empty()) {
+        std::uint64_t seen = m_state.load(std::memory_order_relaxed);
+        while (!m_queue.empty() && permits_of(seen) > 0) {
+            // One permit and one waiter out in one step. acquire: pairs with
+            // the release fetch_add of whoever freed the permit; the waiter
+            // then synchronizes with us through the mutex.
+            if (!m_state.compare_exchange_weak(seen, seen - one_waiter - 1, std::memory_order_acquire,
+                                               std::memory_order_relaxed)) {
+                continue;
+            }
             detail::waiter& next = m_queue.pop_front();
             next.granted = true;
-            m_state.fetch_sub(one_waiter, std::memory_order_relaxed);  // mutex-guarded bookkeeping
             // Notified under the mutex: the waiter cannot return (and destroy
             // its node) before we let go of the mutex.
             next.wake.notify_one();
-            --count;
-        }
-        if (count > 0) {
-            // release: publishes the releaser's writes to fast-path acquirers.
-            m_state.fetch_add(count, std::memory_order_release);
         }
     }
 

@@ -1,17 +1,21 @@
 // bulkhead: what a gate counts, always on.
 //
 // Every db_bulkhead keeps a gate_metrics: monotonic counters for each outcome
-// of a call and log-linear histograms of where the time went. They cost a
-// relaxed atomic add per event (the admission path adds one: "admitted", or
-// the rejection's reason) and, on the transaction path only, a handful of
-// steady_clock reads, which are small next to a database round trip.
-// gate.stats() copies them into a plain gate_stats.
+// of a call and log-linear histograms of where the time went. The counts the
+// admission path makes ("admitted", or the rejection's reason, and
+// "completed") are striped per thread (detail/striped_counters.hpp): a plain
+// load and store in the thread's own cache line, no locked instruction, no
+// line shared between threads. The rarer outcomes are relaxed atomic adds.
+// The transaction path also reads steady_clock a few times and records five
+// histograms, which is small next to a database round trip. gate.stats()
+// copies all of it into a plain gate_stats.
 //
 // Thread safety: all members may be used concurrently. Counters are relaxed
 // atomics: a snapshot is not one atomic cut, but every value it shows was
 // really reached, and counters only grow.
 #pragma once
 
+#include <bulkhead/detail/striped_counters.hpp>
 #include <bulkhead/error.hpp>
 #include <bulkhead/histogram.hpp>
 
@@ -66,9 +70,9 @@ namespace detail {
 /// The live counters behind gate_stats.
 class gate_metrics {
 public:
-    void admitted() noexcept { bump(m_admitted); }
-    void rejected(reject_reason reason) noexcept { bump(m_rejected[static_cast<std::size_t>(reason)]); }
-    void completed() noexcept { bump(m_completed); }
+    void admitted() noexcept { m_frequent.bump(admitted_index); }
+    void rejected(reject_reason reason) noexcept { m_frequent.bump(rejected_index + static_cast<std::size_t>(reason)); }
+    void completed() noexcept { m_frequent.bump(completed_index); }
     void failed() noexcept { bump(m_failed); }
     void work_cancelled() noexcept { bump(m_work_cancelled); }
     void work_deadline_exceeded() noexcept { bump(m_work_deadline_exceeded); }
@@ -83,11 +87,11 @@ public:
 
     /// Fills the counters and distributions of `stats`.
     void copy_to(gate_stats& stats) const noexcept {
-        stats.admitted = read(m_admitted);
+        stats.admitted = m_frequent.sum(admitted_index);
         for (std::size_t i = 0; i < reject_reason_count; ++i) {
-            stats.rejected[i] = read(m_rejected[i]);
+            stats.rejected[i] = m_frequent.sum(rejected_index + i);
         }
-        stats.completed = read(m_completed);
+        stats.completed = m_frequent.sum(completed_index);
         stats.failed = read(m_failed);
         stats.work_cancelled = read(m_work_cancelled);
         stats.work_deadline_exceeded = read(m_work_deadline_exceeded);
@@ -107,12 +111,14 @@ private:
         return counter.load(std::memory_order_relaxed);
     }
 
-    // The admission-path counters get a cache line of their own, away from
-    // the gate's permit state and the transaction-path counters.
-    alignas(64) std::atomic<std::uint64_t> m_admitted{0};
-    std::array<std::atomic<std::uint64_t>, reject_reason_count> m_rejected{};
-    alignas(64) std::atomic<std::uint64_t> m_completed{0};
-    std::atomic<std::uint64_t> m_failed{0};
+    // The counts of every call, striped per thread: admitted, one per
+    // reject_reason, completed.
+    static constexpr std::size_t admitted_index = 0;
+    static constexpr std::size_t rejected_index = 1;
+    static constexpr std::size_t completed_index = rejected_index + reject_reason_count;
+    detail::striped_counters<completed_index + 1> m_frequent;
+    // The rarer outcomes, on a line of their own.
+    alignas(64) std::atomic<std::uint64_t> m_failed{0};
     std::atomic<std::uint64_t> m_work_cancelled{0};
     std::atomic<std::uint64_t> m_work_deadline_exceeded{0};
     std::atomic<std::uint64_t> m_rollback_failures{0};

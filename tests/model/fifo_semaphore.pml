@@ -8,8 +8,10 @@
  *     compare-and-swap against the values the thread loaded earlier (the load
  *     and the CAS are separate steps, so other threads run in between);
  *   - try_acquire(): the lock-free fast path (fails while anyone waits);
- *   - release(): the fast-path CAS that adds a permit only while it sees zero
- *     waiters, else hand_over() under the mutex;
+ *   - release(): one fetch_add of the permit, whatever the word holds; if
+ *     it saw waiters, hand_over() under the mutex, which moves free permits
+ *     to the oldest waiters (load, then a CAS taking one permit and one
+ *     waiter together, retried) while both remain;
  *   - wait(): the stop_callback registration (run inline when the stop came
  *     first), lock, the early cancelled check, take_or_enqueue(), the loop
  *     "granted? cancelled? sleep on the condition variable", the timeout
@@ -33,22 +35,23 @@
  *   3. FIFO: hand_over grants the oldest queued waiter (no waiter still in the
  *      queue has an older ticket), and nobody takes a permit outside
  *      hand_over while someone is queued (no barging);
- *   4. no waiter stuck with a permit available: "waiters > 0 implies free ==
- *      0" in every state, and every worker finishes (a waiter that sleeps
- *      forever is an invalid end state);
+ *   4. no waiter stuck with a permit available: "waiters > 0 and free > 0"
+ *      only while a release() that saw waiters has not finished its
+ *      hand_over() (in every state), and every worker finishes (a waiter that
+ *      sleeps forever is an invalid end state);
  *   5. hand_over notifies a node only while its thread is still inside
  *      wait() (the node lives on that thread's stack);
  *   6. at the end: every permit free, nobody queued.
  *
  * Seeded bugs (compile with -D<NAME>; each must make the check fail):
- *   BUG_HANDOVER_FREES         hand_over adds the permit to the free count
+ *   BUG_HANDOVER_FREES         hand_over leaves the permit in the free count
  *                              instead of granting it to the oldest waiter
  *   BUG_TIMEOUT_IGNORES_GRANT  a timed-out waiter leaves without checking
  *                              `granted`
  *   BUG_CANCEL_BEFORE_GRANT    the waiter checks `cancelled` before `granted`
  *   BUG_LIFO                   hand_over serves the newest waiter
- *   BUG_RELEASE_NO_CAS         release() checks "no waiters" and then adds the
- *                              permit with a plain fetch_add (check-then-act)
+ *   BUG_RELEASE_STALE_WAITERS  release() decides whether to hand over from a
+ *                              load made before its fetch_add (check-then-act)
  *   BUG_NOTIFY_AFTER_UNLOCK    hand_over notifies after letting go of the mutex
  *
  * Sizes: NWORKERS threads (2 to 4, default 3), PERMITS (default 1), ROUNDS
@@ -110,6 +113,7 @@ bool uses_stop[NWORKERS];       /* model only: the worker's current call takes t
 
 byte owned[NWORKERS];   /* permits each worker holds */
 byte in_flight = 0;     /* released, not yet free or granted */
+byte pending = 0;       /* releases that saw waiters and have not finished hand_over */
 byte holding = 0;       /* workers between acquire and release */
 byte ticket[NWORKERS];  /* arrival order into the queue */
 byte next_ticket = 1;
@@ -138,8 +142,8 @@ end:
 active proctype nobody_waits_while_a_permit_is_free() {
 end:
     atomic {
-        (waiters > 0 && permits > 0) ->
-            assert(!(waiters > 0 && permits > 0))  /* a waiter stuck with a permit available */
+        (waiters > 0 && permits > 0 && pending == 0) ->
+            assert(!(waiters > 0 && permits > 0 && pending == 0))  /* a waiter stuck with a permit available */
     }
 }
 
@@ -151,7 +155,8 @@ end:
 active proctype at_the_end() {
 end:
     (finished == NWORKERS) ->
-        assert(permits == PERMITS && waiters == 0 && qlen == 0 && in_flight == 0 && mutex_owner == NOBODY)
+        assert(permits == PERMITS && waiters == 0 && qlen == 0 && in_flight == 0 && pending == 0 &&
+               mutex_owner == NOBODY)
 }
 
 /* ---- building blocks -------------------------------------------------- */
@@ -257,70 +262,60 @@ inline try_acquire(me, ok) {
     od
 }
 
-/* fifo_semaphore::release(1): while no waiter is seen, CAS(seen, seen + 1);
- * else hand_over(1). */
+/* fifo_semaphore::release(1): before = fetch_add(1); if waiters_of(before)
+ * != 0, hand_over(). */
 inline release(me) {
-    d_step { assert(owned[me] == 1); owned[me]--; in_flight++; RELOAD; ok = false }
+    d_step { assert(owned[me] == 1); owned[me]--; in_flight++ }
+#ifdef BUG_RELEASE_STALE_WAITERS
+    atomic { RELOAD }  /* a load of the word, then the fetch_add */
+    atomic { permits++; in_flight-- ; ok = (seen_waiters != 0); if :: ok -> pending++ :: else -> skip fi }
+#else
+    atomic { ok = (waiters != 0); permits++; in_flight--; if :: ok -> pending++ :: else -> skip fi }
+#endif
+    if
+    :: ok -> ok = false; hand_over(me); pending--
+    :: else -> skip
+    fi;
+    d_step { seen_permits = 0; seen_waiters = 0 }
+}
+
+/* fifo_semaphore::hand_over(): under the mutex, seen = load; while the queue
+ * is not empty and seen shows a free permit: CAS(seen, seen - one waiter - 1
+ * permit), and on success pop the oldest, granted = true, notify (under the
+ * mutex). Popping and granting touch only what the mutex guards, so they are
+ * folded into the CAS step (see "Granularity"). */
+inline hand_over(me) {
+    atomic { mutex_owner == NOBODY -> mutex_owner = me; RELOAD; next = NOBODY }
     do
-    :: atomic { seen_waiters != 0 -> seen_permits = 0; seen_waiters = 0; break }
+    :: atomic { !(qlen > 0 && seen_permits > 0) -> break }
     :: atomic {
-           seen_waiters == 0 ->
-#ifdef BUG_RELEASE_NO_CAS
-           permits++;  /* fetch_add after the check: the word may have changed */
-           in_flight--;
-           ok = true;
-           seen_permits = 0; seen_waiters = 0;
-           break
+           qlen > 0 && seen_permits > 0 ->
+#ifdef BUG_HANDOVER_FREES
+           break  /* leaves the permit free */
 #else
            if
            :: CAS_MATCHES ->
-               permits++;
-               in_flight--;
-               ok = true;
-               seen_permits = 0; seen_waiters = 0;
-               break
+               permits--;
+               waiters--;
+               pop_oldest(next);
+               granted[next] = true;  /* the permit is the waiter's from here */
+               owned[next]++;
+#ifndef BUG_NOTIFY_AFTER_UNLOCK
+               notify(next);
+#endif
+               RELOAD  /* compare_exchange_weak leaves `seen` as it was; the next CAS fails and reloads */
            :: else -> RELOAD
            fi
 #endif
        }
     od;
-    if
-    :: ok -> ok = false
-    :: else -> hand_over(me)
-    fi
-}
-
-/* fifo_semaphore::hand_over(1): under the mutex, grant the oldest waiter
- * (granted = true, waiters - 1, notify) or add the permit to the free count. */
-inline hand_over(me) {
-    atomic {
-        mutex_owner == NOBODY -> mutex_owner = me;
-#ifdef BUG_HANDOVER_FREES
-        next = NOBODY
-#else
-        if
-        :: qlen > 0 ->
-            pop_oldest(next);
-            granted[next] = true;  /* the permit is the waiter's from here */
-            owned[next]++;
-            in_flight--
-        :: else -> next = NOBODY
-        fi
-#endif
-    }
-    if
-    :: next != NOBODY ->
-        waiters--;  /* m_state.fetch_sub(one_waiter) */
+    unlock(me);
 #ifdef BUG_NOTIFY_AFTER_UNLOCK
-        unlock(me);
-        notify(next)  /* the node may be gone by now */
-#else
-        d_step { notify(next); assert(mutex_owner == me); mutex_owner = NOBODY }  /* notify, then unlock */
-#endif
-    :: else ->
-        d_step { permits++; in_flight-- }  /* m_state.fetch_add(count) */
-        unlock(me)
+    if
+    :: next != NOBODY -> notify(next)  /* the node may be gone by now */
+    :: else -> skip
     fi;
+#endif
     next = 0
 }
 

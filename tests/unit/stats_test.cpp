@@ -11,6 +11,8 @@
 #include <future>
 #include <latch>
 #include <stop_token>
+#include <thread>
+#include <vector>
 
 using namespace std::chrono_literals;
 using bulkhead::reject_reason;
@@ -183,4 +185,82 @@ TEST_CASE("stats, an unsettled commit is counted", "[stats]") {
     pool.commit_throws_unknown = true;
     CHECK_THROWS_AS(gate.transaction(0ms, [](fake_pool::work&) {}), bulkhead::commit_unknown);
     check_counts(gate, {.admitted = 1, .failed = 1, .commit_unknown = 1});
+}
+
+// --- the per-thread stripes behind the frequent counts ----------------------
+
+TEST_CASE("stats, counts from more threads than there are stripes add up exactly", "[stats]") {
+    // 100 threads alive at once: 63 can own a stripe, the rest share one.
+    constexpr int threads = 100;
+    constexpr int calls = 2'000;
+    fake_pool pool;
+    gate_t gate(pool, 1, 0);
+    bulkhead::permit holder = gate.enter();  // every try_enter below is refused
+    std::latch all_alive(threads);
+    std::vector<std::jthread> workers;
+    workers.reserve(threads);
+    for (int t = 0; t < threads; ++t) {
+        workers.emplace_back([&gate, &all_alive] {
+            all_alive.arrive_and_wait();  // no thread exits (and frees its stripe) before all counted
+            for (int i = 0; i < calls; ++i) {
+                (void)gate.try_enter();
+            }
+        });
+    }
+    workers.clear();
+    expected_counts expected{.admitted = 1};
+    expected.rejected[static_cast<std::size_t>(reject_reason::admission_full)] = std::uint64_t{threads} * calls;
+    check_counts(gate, expected);
+}
+
+TEST_CASE("stats, a stripe freed by an exiting thread goes to the next thread, its count kept", "[stats]") {
+    fake_pool pool;
+    gate_t gate(pool, 1, 0);
+    bulkhead::permit holder = gate.enter();
+    const auto refuse_from_new_thread = [&gate](int times) {
+        std::size_t slot = 0;
+        std::thread([&] {
+            for (int i = 0; i < times; ++i) {
+                (void)gate.try_enter();
+            }
+            slot = bulkhead::detail::stripe_slot::current();
+        }).join();
+        return slot;
+    };
+    const std::size_t first = refuse_from_new_thread(10);
+    const std::size_t second = refuse_from_new_thread(5);
+    CHECK(first != bulkhead::detail::stripe_slot::shared);
+    CHECK(second == first);  // the lowest free slot, given back when the first thread exited
+    expected_counts expected{.admitted = 1};
+    expected.rejected[static_cast<std::size_t>(reject_reason::admission_full)] = 15;
+    check_counts(gate, expected);
+}
+
+TEST_CASE("stats, threads alive at once never share an exclusive stripe", "[stats]") {
+    constexpr std::size_t threads = bulkhead::detail::stripe_slot::count + 6;
+    std::vector<std::size_t> slots(threads);
+    std::latch all_claimed(static_cast<std::ptrdiff_t>(threads));
+    {
+        std::vector<std::jthread> workers;
+        workers.reserve(threads);
+        for (std::size_t t = 0; t < threads; ++t) {
+            workers.emplace_back([&slots, &all_claimed, t] {
+                slots[t] = bulkhead::detail::stripe_slot::current();
+                all_claimed.arrive_and_wait();  // keep every slot taken until all have one
+            });
+        }
+    }
+    std::size_t shared = 0;
+    std::vector<bool> seen(bulkhead::detail::stripe_slot::count);
+    for (const std::size_t slot : slots) {
+        REQUIRE(slot < bulkhead::detail::stripe_slot::count);
+        if (slot == bulkhead::detail::stripe_slot::shared) {
+            ++shared;
+        } else {
+            CHECK_FALSE(seen[slot]);
+            seen[slot] = true;
+        }
+    }
+    // At most 63 exclusive slots (the test's main thread may own one too).
+    CHECK(shared >= threads - (bulkhead::detail::stripe_slot::count - 1));
 }
