@@ -26,6 +26,7 @@ using namespace std::chrono_literals;
 namespace {
 
 std::string env(const char* name) {
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): main() reads its settings before it starts any thread
     const char* value = std::getenv(name);
     return value != nullptr ? value : "";
 }

@@ -81,7 +81,7 @@ void answer(int client, const std::string& metrics) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    const char* url = std::getenv("DB_URL");
+    const char* url = std::getenv("DB_URL");  // NOLINT(concurrency-mt-unsafe): before any thread starts
     if (url == nullptr) {
         std::cerr << "metrics_server: set DB_URL to a libpq connection string\n";
         return 2;
@@ -98,8 +98,10 @@ int main(int argc, char** argv) {
 
         const auto stop_at = std::chrono::steady_clock::now() + seconds;
         std::atomic<bool> stopping{false};
+        constexpr int load_threads = 8;
         std::vector<std::jthread> workers;
-        for (int i = 0; i < 8; ++i) {
+        workers.reserve(load_threads);
+        for (int i = 0; i < load_threads; ++i) {
             workers.emplace_back([&] {
                 while (!stopping) {
                     (void)gate.try_transaction(5ms, [](pqxx::dbtransaction& tx) { tx.exec("SELECT pg_sleep(0.002)"); });

@@ -21,7 +21,7 @@
 using namespace std::chrono_literals;
 
 int main() {
-    const char* url = std::getenv("DB_URL");
+    const char* url = std::getenv("DB_URL");  // NOLINT(concurrency-mt-unsafe): before any thread starts
     if (url == nullptr) {
         std::cerr << "orders: set DB_URL to a libpq connection string\n";
         return 2;
@@ -43,6 +43,7 @@ int main() {
         std::atomic<long> committed{0};
         std::array<std::atomic<long>, 5> rejected{};  // by bulkhead::reject_reason
         std::vector<std::jthread> threads;
+        threads.reserve(workers);
         for (int worker = 0; worker < workers; ++worker) {
             threads.emplace_back([&, worker] {
                 for (int n = 0; n < orders_per_worker; ++n) {
@@ -77,7 +78,7 @@ int main() {
         }
         std::cout << "rows=" << rows << " gate.available=" << gate.available()
                   << " gate.available_slots=" << gate.available_slots() << " pool.in_use=" << pool.in_use() << '\n';
-        const bool consistent = rows == committed && committed + refused == workers * orders_per_worker &&
+        const bool consistent = rows == committed && committed + refused == long{workers} * orders_per_worker &&
                                 gate.available() == 2 && gate.available_slots() == 4 && pool.in_use() == 0;
         std::cout << (consistent ? "consistent" : "INCONSISTENT") << '\n';
         return consistent ? 0 : 1;

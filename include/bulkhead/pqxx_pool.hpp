@@ -525,7 +525,9 @@ struct connect_target {
     if (!options.application_name.empty()) {
         append("application_name", options.application_name);
     }
-    const char* from_environment = std::getenv("PGCONNECT_TIMEOUT");
+    // concurrency-mt-unsafe: read once, when the pool is built; libpq itself
+    // reads PGCONNECT_TIMEOUT with getenv on every connection attempt.
+    const char* from_environment = std::getenv("PGCONNECT_TIMEOUT");  // NOLINT(concurrency-mt-unsafe)
     target.add_connect_timeout = !conninfo_sets(options.conninfo, "connect_timeout") &&
                                  (from_environment == nullptr || *from_environment == '\0');
     return target;
@@ -977,7 +979,7 @@ inline commit_status read_commit_status(const connect_target& target, std::int64
             if (status[0].is_null()) {
                 return commit_status::unknown;  // wrapped around, or never assigned
             }
-            const std::string said = status[0].as<std::string>();
+            const auto said = status[0].as<std::string>();
             if (said == "committed") {
                 return commit_status::committed;
             }
@@ -1226,11 +1228,7 @@ public:
         }
         retired_connections retired;
         const std::lock_guard lock(m_mutex);
-        if (connection && m_closed) {
-            retired.add(std::move(connection));
-            count_close(close_reason::shutdown);
-        }
-        if (connection) {
+        if (connection && !m_closed) {
             connection->idle_since = now;
             if (!m_queue.empty()) {
                 // Straight to the oldest waiter: it owns the connection from
@@ -1247,6 +1245,10 @@ public:
                 store(m_in_use, load(m_in_use) - 1);
             }
         } else {
+            if (connection) {  // the pool object is gone: close it
+                retired.add(std::move(connection));
+                count_close(close_reason::shutdown);
+            }
             store(m_in_use, load(m_in_use) - 1);
             store(m_size, load(m_size) - 1);
             wake_oldest_locked();  // a slot is free
@@ -1287,7 +1289,9 @@ private:
 
     static std::vector<std::string> collect_secrets(const std::string& conninfo) {
         std::vector<std::string> secrets = conninfo_secrets(conninfo);
-        if (const char* from_environment = std::getenv("PGPASSWORD")) {
+        // concurrency-mt-unsafe: read once, when the pool is built; libpq itself
+        // reads PGPASSWORD with getenv on every connection attempt.
+        if (const char* from_environment = std::getenv("PGPASSWORD")) {  // NOLINT(concurrency-mt-unsafe)
             secrets.emplace_back(from_environment);
         }
         // Longest first, so that a secret that contains another goes whole.

@@ -41,7 +41,7 @@ public:
                                                              0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0};
 
     /// Adds a gate's snapshot under the label gate="name".
-    void add(std::string name, gate_stats stats) { m_gates.emplace_back(std::move(name), std::move(stats)); }
+    void add(std::string name, gate_stats stats) { m_gates.emplace_back(std::move(name), stats); }
 
     /// Adds a pool's snapshot under the label pool="name".
     void add(std::string name, pool_stats stats) { m_pools.emplace_back(std::move(name), stats); }

@@ -244,6 +244,7 @@ TEST_CASE("[C9] after 1,000 calls failing in every way, mixed, the gate and the 
     std::atomic<int> succeeded{0};
     std::atomic<int> failed{0};
     std::vector<std::thread> threads;
+    threads.reserve(8);
     for (int t = 0; t < 8; ++t) {
         threads.emplace_back([&, t] {
             std::mt19937 random(static_cast<unsigned>(t) + 9U);
@@ -328,6 +329,7 @@ TEST_CASE("[C10] server-side concurrency through one gate never exceeds B under 
     });
     std::atomic<int> completed{0};
     std::vector<std::thread> threads;
+    threads.reserve(64);
     for (int t = 0; t < 64; ++t) {
         threads.emplace_back([&] {
             for (int i = 0; i < 5; ++i) {

@@ -58,6 +58,7 @@ std::string http_get(int port, const std::string& path) {
 
 TEST_CASE("examples/orders writes through one gate from several threads and ends consistent", "[pg][examples]") {
     const std::string orders = require_example(BULKHEAD_ORDERS_PATH, "orders");
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): no other thread runs here (every test joins its threads)
     REQUIRE(::setenv("DB_URL", bulkhead_test::conninfo().c_str(), 1) == 0);
     std::FILE* pipe = ::popen(("'" + orders + "'").c_str(), "r");
     REQUIRE(pipe != nullptr);
@@ -76,6 +77,7 @@ TEST_CASE("examples/orders writes through one gate from several threads and ends
 
 TEST_CASE("examples/metrics_server serves an exposition that passes the format check", "[pg][examples][prometheus]") {
     const std::string server = require_example(BULKHEAD_METRICS_SERVER_PATH, "metrics_server");
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): no other thread runs here (every test joins its threads)
     REQUIRE(::setenv("DB_URL", bulkhead_test::conninfo().c_str(), 1) == 0);
     std::FILE* pipe = ::popen(("'" + server + "' 0 3").c_str(), "r");
     REQUIRE(pipe != nullptr);
@@ -101,6 +103,6 @@ TEST_CASE("examples/metrics_server serves an exposition that passes the format c
     std::ofstream(path) << body;
     const std::string check =
         "/usr/bin/python3 '" BULKHEAD_SOURCE_DIR "/tests/support/check_prometheus.py' '" + path.string() + "'";
-    CHECK(std::system(check.c_str()) == 0);
+    CHECK(std::system(check.c_str()) == 0);  // NOLINT(concurrency-mt-unsafe): no other thread runs here
     std::filesystem::remove(path);
 }

@@ -132,6 +132,7 @@ TEST_CASE("every session of a pool carries its application_name, so the server c
     std::latch inside(3);
     std::latch release(1);
     std::vector<std::thread> workers;
+    workers.reserve(3);
     for (int i = 0; i < 3; ++i) {
         workers.emplace_back([&] {
             gate.transaction(1s, [&](pqxx::dbtransaction&) {

@@ -401,6 +401,7 @@ TEST_CASE("no connection is lost or handed out twice when waiters time out as co
     std::atomic<int> other_errors{0};
     std::latch start(threads);
     std::vector<std::thread> workers;
+    workers.reserve(static_cast<std::size_t>(threads));
     for (int t = 0; t < threads; ++t) {
         workers.emplace_back([&, t] {
             start.arrive_and_wait();
@@ -727,12 +728,12 @@ TEST_CASE("[C8] a failed connection attempt gives pool_timeout with the error, n
     }
     SECTION("an unreachable port, keyword form") {
         conninfo = "host=127.0.0.1 port=1 dbname=x user=someone password='Unreach-Secret' connect_timeout=2";
-        secrets.push_back("Unreach-Secret");
+        secrets.emplace_back("Unreach-Secret");
         expected_error = "127.0.0.1";
     }
     SECTION("an unreachable port, URI form") {
         conninfo = "postgresql://someone:Uri-Secret%21@127.0.0.1:1/x?connect_timeout=2";
-        secrets.push_back("Uri-Secret");
+        secrets.emplace_back("Uri-Secret");
         expected_error = "127.0.0.1";
     }
 

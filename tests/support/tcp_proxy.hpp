@@ -123,7 +123,7 @@ private:
         return true;
     }
 
-    int connect_upstream() const {
+    [[nodiscard]] int connect_upstream() const {
         const int upstream = ::socket(AF_INET, SOCK_STREAM, 0);
         sockaddr_in address{};
         address.sin_family = AF_INET;

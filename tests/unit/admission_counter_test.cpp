@@ -43,6 +43,7 @@ TEST_CASE("admission_counter, concurrent callers never take more than the capaci
     std::atomic<int> most{0};
     std::atomic<long> rejected{0};
     std::vector<std::thread> threads;
+    threads.reserve(8);
     for (int t = 0; t < 8; ++t) {
         threads.emplace_back([&] {
             for (int i = 0; i < 20000; ++i) {

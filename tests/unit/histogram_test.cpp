@@ -108,6 +108,7 @@ TEST_CASE("histogram snapshots merge and count what was recorded", "[histogram]"
 TEST_CASE("histogram records from many threads without losing a sample", "[histogram][stress]") {
     log_linear_histogram histogram;
     std::vector<std::thread> threads;
+    threads.reserve(8);
     for (int t = 0; t < 8; ++t) {
         threads.emplace_back([&histogram, t] {
             for (std::uint64_t i = 0; i < 50'000; ++i) {
@@ -118,5 +119,5 @@ TEST_CASE("histogram records from many threads without losing a sample", "[histo
     for (auto& thread : threads) {
         thread.join();
     }
-    CHECK(histogram.snapshot().count() == 8 * 50'000);
+    CHECK(histogram.snapshot().count() == std::uint64_t{8} * 50'000);
 }
