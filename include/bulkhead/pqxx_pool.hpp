@@ -66,6 +66,7 @@
 #include <bulkhead/error.hpp>
 #include <bulkhead/pool_stats.hpp>
 
+#include <libpq-fe.h>
 #include <pqxx/pqxx>
 
 #include <algorithm>
@@ -442,6 +443,14 @@ void scan_conninfo(std::string_view text, Visit visit) {
     return secrets;
 }
 
+/// `secrets` sorted longest first, so that scrub() replaces a secret that
+/// contains another whole.
+[[nodiscard]] inline std::vector<std::string> longest_first(std::vector<std::string> secrets) {
+    std::sort(secrets.begin(), secrets.end(),
+              [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+    return secrets;
+}
+
 /// True when `conninfo` sets `key` (keyword or URI parameter).
 [[nodiscard]] inline bool conninfo_sets(std::string_view conninfo, std::string_view key) {
     bool found = false;
@@ -552,6 +561,21 @@ struct connect_target {
     return info;
 }
 
+/// Throws std::invalid_argument with libpq's complaint (every password
+/// scrubbed) unless libpq can parse `conninfo` (keywords and syntax only:
+/// libpq checks values such as a port number when it connects).
+inline void check_conninfo_syntax(const std::string& conninfo) {
+    char* complaint = nullptr;
+    if (PQconninfoOption* parsed = PQconninfoParse(conninfo.c_str(), &complaint); parsed != nullptr) {
+        PQconninfoFree(parsed);
+        return;
+    }
+    const std::string said = complaint != nullptr ? complaint : "libpq could not parse it (out of memory?)";
+    PQfreemem(complaint);
+    throw std::invalid_argument("bulkhead::pqxx_pool: conninfo is malformed: " +
+                                one_line(scrub(said, longest_first(conninfo_secrets(conninfo)))));
+}
+
 /// Throws std::invalid_argument naming the field, unless the options are valid.
 inline void check_options(const pqxx_pool_options& options) {
     const auto fail = [](const std::string& what) { throw std::invalid_argument("bulkhead::pqxx_pool: " + what); };
@@ -561,6 +585,7 @@ inline void check_options(const pqxx_pool_options& options) {
     if (options.conninfo.find('\0') != std::string::npos) {
         fail("conninfo must not contain a NUL character");
     }
+    check_conninfo_syntax(options.conninfo);
     if (options.max_size < 1 || options.max_size > max_pool_size) {
         fail("max_size must be in [1, " + std::to_string(max_pool_size) + "], got " + std::to_string(options.max_size));
     }
@@ -1294,10 +1319,7 @@ private:
         if (const char* from_environment = std::getenv("PGPASSWORD")) {  // NOLINT(concurrency-mt-unsafe)
             secrets.emplace_back(from_environment);
         }
-        // Longest first, so that a secret that contains another goes whole.
-        std::sort(secrets.begin(), secrets.end(),
-                  [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
-        return secrets;
+        return longest_first(std::move(secrets));
     }
 
     void reserve_slot_locked() noexcept {
@@ -1706,7 +1728,10 @@ public:
     /// \throws std::invalid_argument naming the field and its value when an
     ///         option is out of range (max_size < 1, min_idle > max_size,
     ///         connection_timeout or validation_timeout below 250 ms, negative
-    ///         durations, empty conninfo). Nothing is opened then.
+    ///         durations, empty conninfo), or naming conninfo with libpq's
+    ///         complaint (passwords removed) when libpq cannot parse it
+    ///         (PQconninfoParse: syntax and keywords; values such as a port
+    ///         number are checked when connecting). Nothing is opened then.
     explicit pqxx_pool(pqxx_pool_options options) : m_core(make_core(std::move(options))) { m_core->open_min_idle(); }
 
     pqxx_pool(const pqxx_pool&) = delete;

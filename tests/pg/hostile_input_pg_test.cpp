@@ -43,6 +43,12 @@ std::vector<secret_conninfo> unreachable_with_passwords() {
     };
 }
 
+/// A connection string libpq refuses, and part of its complaint.
+struct conninfo_complaint {
+    std::string conninfo;
+    std::string complaint;
+};
+
 /// Pool options that connect nowhere, fail fast, and name their sessions.
 bulkhead::pqxx_pool_options nowhere(std::string conninfo) {
     return {.conninfo = std::move(conninfo),
@@ -160,42 +166,67 @@ TEST_CASE("hostile, unreachable hosts end in pool_timeout naming the connection 
     }
 }
 
-TEST_CASE("hostile, malformed connection strings end in pool_timeout carrying libpq's complaint, nothing held",
+TEST_CASE("hostile, malformed connection strings are refused by the constructor at once, naming conninfo, no password",
           "[pg][hostile][pool]") {
-    struct malformed {
-        std::string conninfo;
-        std::string complaint;  // part of libpq's message
-    };
-    // Each also names a port nobody listens on, so that a string libpq does
-    // accept after all can never reach a real server.
-    const std::vector<malformed> cases{
-        {"port=1 =", "invalid connection option \"\""},
-        {"port=1 host=127.0.0.1 =value", "invalid connection option \"\""},
-        // The quote runs on into what the pool appends (application_name):
-        // libpq then trips over that.
-        {"port=1 host='unterminated password=Quote-S3cret", "in connection info string"},
-        {"port=1 nonsense_keyword=1", "invalid connection option \"nonsense_keyword\""},
-        {"port=1 host=127.0.0.1 sslmode=maybe", "sslmode"},
+    // Each names a port nobody listens on or none at all: nothing may connect.
+    const std::vector<conninfo_complaint> cases{
+        {"host=localhost port", R"(missing "=" after "port")"},
+        {"host=localhost port password=s3cret", R"(missing "=" after "port")"},
+        {"password=s3cret port=1 =", "invalid connection option \"\""},
+        {"port=1 host=127.0.0.1 =value password='s3cret'", "invalid connection option \"\""},
+        // An unterminated quote: before, it ran on into the application_name
+        // the pool appends, and libpq complained about the pool's text.
+        {"port=1 host='unterminated password=s3cret", "unterminated quoted string"},
+        {"port=1 password='s3cret", "unterminated quoted string"},
+        {"port=1 nonsense_keyword=1 password=s3cret", "invalid connection option \"nonsense_keyword\""},
+        {"postgresql://[::1", "IPv6 host address"},
         {"postgresql://[garbage:1/x", "IPv6 host address"},
         // libpq quotes the whole URI in its message: the password must be scrubbed.
-        {"postgresql://u:Uri-S3cret@[garbage:1/x", "IPv6 host address"},
+        {"postgresql://u:s3cret@[::1", "IPv6 host address"},
+        {"postgresql://u:s3cret@[garbage:1/x?connect_timeout=2", "IPv6 host address"},
+        {"postgresql://u@127.0.0.1:1/x?password=s3cret&nonsense=1", "invalid URI query parameter: \"nonsense\""},
+    };
+    for (const conninfo_complaint& bad : cases) {
+        INFO("conninfo (redacted): " << bulkhead::redact_conninfo(bad.conninfo));
+        const auto start = steady::now();
+        try {
+            bulkhead::pqxx_pool pool(nowhere(bad.conninfo));
+            FAIL("a malformed conninfo was accepted");
+        } catch (const std::invalid_argument& refused) {
+            const std::string message = refused.what();
+            INFO("message: " << message);
+            CHECK_THAT(message, Catch::StartsWith("bulkhead::pqxx_pool: conninfo is malformed: "));
+            CHECK_THAT(message, Catch::Contains(bad.complaint));
+            CHECK_THAT(message, !Catch::Contains("s3cret"));
+        }
+        CHECK(steady::now() - start < 1s);
+    }
+}
+
+TEST_CASE("hostile, connection strings libpq refuses only when connecting end in pool_timeout with its complaint",
+          "[pg][hostile][pool]") {
+    // libpq parses these (PQconninfoParse checks keywords and syntax), and
+    // refuses their values when it connects. Each names a port nobody
+    // listens on, so that a string libpq does accept can never reach a server.
+    const std::vector<conninfo_complaint> cases{
+        {"port=1 host=127.0.0.1 sslmode=maybe", "sslmode"},
         {"postgresql://u:Uri-S3cret@127.0.0.1:99999999/x", "invalid"},
-        {"host=127.0.0.1 port=notaport", "invalid"},
+        {"host=127.0.0.1 port=notaport password=Port-S3cret", "invalid"},
         {"port=1 host= connect_timeout=2", ""},  // empty host: libpq's default socket, on port 1: nothing there
     };
-    for (const malformed& bad : cases) {
+    for (const conninfo_complaint& bad : cases) {
         INFO("conninfo (redacted): " << bulkhead::redact_conninfo(bad.conninfo));
-        bulkhead::pqxx_pool pool(nowhere(bad.conninfo));  // accepted: libpq parses it at connection time
+        bulkhead::pqxx_pool pool(nowhere(bad.conninfo));
         const auto start = steady::now();
         try {
             (void)pool.acquire();
-            FAIL("connected with a malformed conninfo");
+            FAIL("connected with a conninfo libpq refuses");
         } catch (const bulkhead::pool_timeout& timeout) {
             const std::string message = timeout.what();
             INFO("message: " << message);
             CHECK_THAT(message, Catch::Contains("last connection error:"));
             CHECK_THAT(message, Catch::Contains(bad.complaint));
-            check_no_secret(message, {"Quote-S3cret", "Uri-S3cret"});
+            check_no_secret(message, {"Uri-S3cret", "Port-S3cret"});
         }
         CHECK(steady::now() - start < 3s);
         CHECK(pool.size() == 0);
