@@ -13,8 +13,12 @@
 //
 // Costs. When nobody waits, try_acquire() is one compare-and-swap and
 // release() one fetch_add on a single atomic word: no lock, no syscall. Waiting
-// takes the mutex, and the waiter's queue node (with its condition variable)
-// lives on the waiting thread's stack: no allocation per wait.
+// takes the mutex, and the waiter's queue node (with its own mutex and
+// condition variable) lives on the waiting thread's stack: no allocation per
+// wait. A handoff wakes the grantee once: the releaser notifies it holding no
+// lock, so the woken thread does not block again on a lock its waker still
+// holds (which, with the notify under a lock, happened to about half of all
+// handoffs and cost a second wake).
 //
 // The state word. m_state packs two 32-bit counts: the free permits (low
 // half) and the queued waiters (high half). The waiter count changes only
@@ -29,22 +33,27 @@
 // the waiters gone: timed out or cancelled meanwhile, leaving the permits
 // free for anyone). tests/model/fifo_semaphore.pml checks this exhaustively.
 //
-// Timeout or cancellation racing a release. A waiter whose deadline expires,
-// or whose stop_token fires, must take the mutex again before it can leave
-// the queue. A release() that got the mutex first has already unlinked the
-// waiter and marked it granted. Under the mutex the waiter checks `granted`
-// before anything else: if set, the grant wins and the wait reports
-// `acquired` (the caller now holds the permit and must release it); if not,
-// the waiter unlinks itself and reports `timed_out` / `cancelled`, and no
-// release can reach it any more. Either way exactly one party owns each
-// permit: none is lost, none is duplicated. The unit tests run this race many
-// thousands of times (tests/unit/fifo_semaphore_test.cpp).
+// Timeout or cancellation racing a release. Under the mutex, hand_over()
+// decides whom to grant: it unlinks the oldest waiters (`queued` = false),
+// then, with the mutex released, marks each granted under the node's own
+// lock, notifies it, and finally sets `handed_over`, its last touch of the
+// node. A waiter whose deadline expires, or whose stop_token fires, takes
+// the semaphore's mutex: if it is still queued, no release can reach it any
+// more; it unlinks itself and reports `timed_out` / `cancelled`. If it is no
+// longer queued, a grant is on its way and wins: the waiter waits for it and
+// reports `acquired` (the caller now holds the permit and must release it).
+// Either way exactly one party owns each permit: none is lost, none is
+// duplicated. A granted waiter returns only after `handed_over`, so its
+// node (on its stack) outlives the releaser's use of it. The unit tests run
+// these races many thousands of times (tests/unit/fifo_semaphore_test.cpp);
+// tests/model/fifo_semaphore.pml checks every interleaving of 3 threads.
 //
 // Thread safety and memory ordering. All members may be called concurrently.
 // A successful acquire synchronizes with the release that provided the
-// permit: on the fast path through acquire/release on m_state, on the slow
-// path through m_mutex (the releaser marks the node granted under the mutex,
-// the waiter reads it under the mutex). Destroying a semaphore while threads
+// permit: on the fast path through acquire/release on m_state; on the slow
+// path the permit's releaser publishes through m_state (release) to
+// hand_over()'s compare-and-swap (acquire), and hand_over() marks the node
+// granted under the node's lock, where the waiter reads it. Destroying a semaphore while threads
 // wait on it is undefined behaviour, as for std::counting_semaphore.
 #pragma once
 
@@ -59,6 +68,8 @@
 #include <optional>
 #include <stdexcept>
 #include <stop_token>
+#include <thread>
+#include <type_traits>
 
 namespace bulkhead {
 
@@ -223,14 +234,17 @@ private:
         return now + ceil<steady_clock::duration>(rel_time);
     }
 
-    /// Runs in the thread that requests a stop: marks the waiter cancelled and
-    /// wakes it, under the mutex so the wake cannot be missed.
+    /// Runs in the thread that requests a stop: marks the waiter cancelled
+    /// under the node's lock (so the wake cannot be missed), then wakes it.
+    /// The node outlives this: the waiter's ~stop_callback waits for a
+    /// callback that is running.
     struct cancel_waiter {
-        fifo_semaphore* sem;
         detail::waiter* node;
         void operator()() const noexcept {
-            const std::lock_guard lock(sem->m_mutex);
-            node->cancelled = true;
+            {
+                const std::lock_guard lock(node->lock);
+                node->cancelled = true;
+            }
             node->wake.notify_one();
         }
     };
@@ -244,44 +258,78 @@ private:
     template <class Deadline>
     wait_status wait(const Deadline& deadline, const std::stop_token* stop) {
         detail::waiter node;
-        // The stop callback is registered before the mutex is taken: if the
-        // stop was already requested it runs right here and needs the mutex.
-        // It is destroyed (and, if running elsewhere, waited for) after the
-        // lock below is released, and before `node` goes away.
+        // The stop callback is registered first: if the stop was already
+        // requested it runs right here. It is destroyed (and, if running
+        // elsewhere, waited for) before `node` goes away.
         std::optional<std::stop_callback<cancel_waiter>> on_stop;
         if (stop != nullptr && stop->stop_possible()) {
-            on_stop.emplace(*stop, cancel_waiter{this, &node});
+            on_stop.emplace(*stop, cancel_waiter{&node});
         }
-        std::unique_lock lock(m_mutex);
-        if (node.cancelled) {
-            return wait_status::cancelled;
+        {
+            const std::lock_guard node_lock(node.lock);
+            if (node.cancelled) {
+                return wait_status::cancelled;
+            }
         }
-        if (take_or_enqueue(node)) {
-            return wait_status::acquired;
+        {
+            const std::lock_guard lock(m_mutex);
+            if (take_or_enqueue(node)) {
+                return wait_status::acquired;
+            }
         }
-        wait_status outcome = wait_status::acquired;
+        wait_status outcome = sleep(node, deadline);
+        if (outcome != wait_status::acquired) {
+            std::unique_lock lock(m_mutex);
+            if (node.queued) {
+                // No release can reach us any more: leave.
+                m_queue.remove(node);
+                m_state.fetch_sub(one_waiter, std::memory_order_relaxed);  // mutex-guarded bookkeeping
+                return outcome;
+            }
+            // Unlinked by a hand_over(): its grant is on the way and wins.
+            lock.unlock();
+            std::unique_lock node_lock(node.lock);
+            node.wake.wait(node_lock, [&node] { return node.granted; });
+            outcome = wait_status::acquired;
+        }
+        await_handed_over(node);
+        return outcome;
+    }
+
+    /// A granted waiter's last step: the releaser may still be inside its
+    /// notify (a syscall, about a microsecond); the node must outlive that.
+    /// Spins briefly (the releaser usually runs on another core), then
+    /// yields (it may have been preempted by this very thread).
+    static void await_handed_over(const detail::waiter& node) noexcept {
+        for (int spins = 0; !node.handed_over.load(std::memory_order_acquire); ++spins) {
+            if (spins < 1000) {
+                detail::cpu_relax();
+            } else {
+                std::this_thread::yield();
+            }
+        }
+    }
+
+    /// Sleeps on the node until it is granted (acquired), cancelled or
+    /// `deadline` passes (timed_out). A grant is checked first, so it wins
+    /// over a timeout or a stop seen at the same time.
+    template <class Deadline>
+    static wait_status sleep(detail::waiter& node, const Deadline& deadline) {
+        std::unique_lock node_lock(node.lock);
         for (;;) {
-            // A grant is checked first: it wins over a timeout or a stop that
-            // raced with it (see "Timeout or cancellation racing a release").
             if (node.granted) {
                 return wait_status::acquired;
             }
             if (node.cancelled) {
-                outcome = wait_status::cancelled;
-                break;
+                return wait_status::cancelled;
             }
             if constexpr (std::is_same_v<Deadline, no_deadline>) {
-                node.wake.wait(lock);
-            } else if (node.wake.wait_until(lock, deadline) == std::cv_status::timeout && !node.granted &&
+                node.wake.wait(node_lock);
+            } else if (node.wake.wait_until(node_lock, deadline) == std::cv_status::timeout && !node.granted &&
                        !node.cancelled) {
-                outcome = wait_status::timed_out;
-                break;
+                return wait_status::timed_out;
             }
         }
-        // Not granted, so still queued: leave. No release can reach us now.
-        m_queue.remove(node);
-        m_state.fetch_sub(one_waiter, std::memory_order_relaxed);  // mutex-guarded bookkeeping
-        return outcome;
     }
 
     /// Under the mutex: takes a free permit if nobody is queued, otherwise
@@ -308,31 +356,44 @@ private:
         }
     }
 
-    /// Under the mutex: moves free permits to the oldest waiters, one wake
-    /// each, while both remain. Only permits can change concurrently (a
+    /// Moves free permits to the oldest waiters, one wake each, while both
+    /// remain: chosen and unlinked under the mutex, then granted and woken
+    /// with the mutex released. Only permits can change concurrently (a
     /// release() adds; no one else takes while anyone is queued), so the CAS
     /// retries only for those.
     void hand_over() noexcept {
-        const std::lock_guard lock(m_mutex);
-        std::uint64_t seen = m_state.load(std::memory_order_relaxed);
-        while (!m_queue.empty() && permits_of(seen) > 0) {
-            // One permit and one waiter out in one step. acquire: pairs with
-            // the release fetch_add of whoever freed the permit; the waiter
-            // then synchronizes with us through the mutex.
-            if (!m_state.compare_exchange_weak(seen, seen - one_waiter - 1, std::memory_order_acquire,
-                                               std::memory_order_relaxed)) {
-                continue;
+        detail::waiter* grantees = nullptr;  // linked through `next`
+        {
+            const std::lock_guard lock(m_mutex);
+            std::uint64_t seen = m_state.load(std::memory_order_relaxed);
+            while (!m_queue.empty() && permits_of(seen) > 0) {
+                // One permit and one waiter out in one step. acquire: pairs
+                // with the release fetch_add of whoever freed the permit.
+                if (!m_state.compare_exchange_weak(seen, seen - one_waiter - 1, std::memory_order_acquire,
+                                                   std::memory_order_relaxed)) {
+                    continue;
+                }
+                detail::waiter& next = m_queue.pop_front();
+                next.next = grantees;  // the waiter no longer touches its links
+                grantees = &next;
             }
-            detail::waiter& next = m_queue.pop_front();
-            next.granted = true;
-            // Notified under the mutex: the waiter cannot return (and destroy
-            // its node) before we let go of the mutex.
-            next.wake.notify_one();
+        }
+        while (grantees != nullptr) {
+            detail::waiter& node = *grantees;
+            grantees = node.next;
+            {
+                const std::lock_guard node_lock(node.lock);
+                node.granted = true;  // the permit is the waiter's from here
+            }
+            node.wake.notify_one();
+            // release: the last touch; the waiter may return (and its node
+            // vanish) as soon as it sees this.
+            node.handed_over.store(true, std::memory_order_release);
         }
     }
 
     alignas(64) std::atomic<std::uint64_t> m_state;  // free permits | waiters << 32; see file comment
-    std::mutex m_mutex;                              // guards m_queue and every waiter node in it
+    std::mutex m_mutex;                              // guards m_queue, and the links and `queued` of its nodes
     detail::wait_queue m_queue;                      // guarded by m_mutex
 };
 

@@ -9,26 +9,33 @@
  *     and the CAS are separate steps, so other threads run in between);
  *   - try_acquire(): the lock-free fast path (fails while anyone waits);
  *   - release(): one fetch_add of the permit, whatever the word holds; if
- *     it saw waiters, hand_over() under the mutex, which moves free permits
- *     to the oldest waiters (load, then a CAS taking one permit and one
- *     waiter together, retried) while both remain;
+ *     it saw waiters, hand_over(): under m_mutex it picks the oldest waiters
+ *     while free permits remain (load, then a CAS taking one permit and one
+ *     waiter together, retried) and unlinks them (`queued` = false); then,
+ *     with m_mutex released, for each: `granted` under the node's lock,
+ *     notify with no lock held, `handed_over` as its last touch of the node;
  *   - wait(): the stop_callback registration (run inline when the stop came
- *     first), lock, the early cancelled check, take_or_enqueue(), the loop
- *     "granted? cancelled? sleep on the condition variable", the timeout
- *     decision (a grant wins), leaving the queue, and the order in which the
- *     unique_lock, the stop_callback and the node are destroyed;
- *   - cancel_waiter: run by the thread that requests the stop, under the mutex;
- *   - the condition variable: wait releases the mutex atomically; a notify
- *     reaches the waiter only while it sleeps; a timed wait may wake at any
- *     moment (the deadline is abstract time) and then reports timeout or not
- *     (libstdc++ returns timeout whenever the clock has passed the deadline,
- *     notified or not); untimed waits do not wake spuriously here, so that a
- *     lost wake-up shows as a stuck waiter (an invalid end state).
+ *     first), the early cancelled check under the node's lock,
+ *     take_or_enqueue() under m_mutex, the sleep loop under the node's lock
+ *     ("granted? cancelled? sleep on the condition variable", the timeout
+ *     decision: a grant wins), and for a waiter that gave up: m_mutex,
+ *     "still queued? leave : wait for the grant on its way"; a granted waiter
+ *     returns only once `handed_over`; then the stop_callback and the node
+ *     are destroyed, in that order;
+ *   - cancel_waiter: run by the thread that requests the stop: `cancelled`
+ *     under the node's lock, then notify with no lock held;
+ *   - the condition variable: wait releases the node's lock atomically; a
+ *     notify reaches the waiter only while it sleeps; a timed wait may wake
+ *     at any moment (the deadline is abstract time) and then reports timeout
+ *     or not (libstdc++ returns timeout whenever the clock has passed the
+ *     deadline, notified or not); untimed waits do not wake spuriously here,
+ *     so that a lost wake-up shows as a stuck waiter (an invalid end state).
  *
  * What is checked (spin -a, pan with -DSAFETY: every reachable state):
  *   1. conservation: free + held + in flight == PERMITS in every state (no
  *      permit lost, none duplicated); "in flight" is a permit between a
- *      releaser's hands and its destination (free count or a waiter);
+ *      releaser's hands and the free count; a permit belongs to a waiter
+ *      from the moment hand_over unlinks it;
  *   2. a wait that ends acquired holds exactly one permit, one that ends
  *      timed_out or cancelled holds none, and never more than PERMITS
  *      callers hold one at once;
@@ -39,20 +46,24 @@
  *      only while a release() that saw waiters has not finished its
  *      hand_over() (in every state), and every worker finishes (a waiter that
  *      sleeps forever is an invalid end state);
- *   5. hand_over notifies a node only while its thread is still inside
- *      wait() (the node lives on that thread's stack);
+ *   5. a releaser touches a node (granted, notify, handed_over) only while
+ *      its thread is still inside wait() (the node lives on that stack);
  *   6. at the end: every permit free, nobody queued.
  *
  * Seeded bugs (compile with -D<NAME>; each must make the check fail):
  *   BUG_HANDOVER_FREES         hand_over leaves the permit in the free count
  *                              instead of granting it to the oldest waiter
- *   BUG_TIMEOUT_IGNORES_GRANT  a timed-out waiter leaves without checking
- *                              `granted`
- *   BUG_CANCEL_BEFORE_GRANT    the waiter checks `cancelled` before `granted`
+ *   BUG_TIMEOUT_IGNORES_GRANT  a waiter that gave up and is no longer queued
+ *                              reports timed_out / cancelled anyway, instead
+ *                              of waiting for the grant on its way
+ *   BUG_LEAVE_UNCHECKED        a waiter that gave up unlinks itself without
+ *                              checking that it is still queued
  *   BUG_LIFO                   hand_over serves the newest waiter
  *   BUG_RELEASE_STALE_WAITERS  release() decides whether to hand over from a
  *                              load made before its fetch_add (check-then-act)
- *   BUG_NOTIFY_AFTER_UNLOCK    hand_over notifies after letting go of the mutex
+ *   BUG_NO_HANDOVER_WAIT       a granted waiter returns without waiting for
+ *                              `handed_over` (its node may vanish while the
+ *                              releaser still notifies it)
  *
  * Sizes: NWORKERS threads (2 to 4, default 3), PERMITS (default 1), ROUNDS
  * acquisitions per thread (default 2; CI uses 1 with 3 threads). The kinds
@@ -61,7 +72,7 @@
  * source per thread, whose stop a thread of its own may request at any
  * moment, or never). By default the roles are fixed (thread 0 acquire(),
  * thread 1 try_acquire_for(d), thread 2 and up either stop kind), which keeps
- * three threads to about 2 million states; with -DANY_KIND every thread
+ * three threads to a few million states; with -DANY_KIND every thread
  * picks any kind in every round (CI runs that with 2 threads, 2 rounds).
  * tests/model/CMakeLists.txt lists the configurations CI checks, and
  * docs/reliability.md their state counts.
@@ -92,8 +103,10 @@ byte waiters = 0;        /* m_state, high half: queued waiters */
 byte mutex_owner = NOBODY;  /* m_mutex: a thread id, or NOBODY */
 
 /* detail::waiter, one node per worker (on its stack while it waits) */
-bool granted[NWORKERS];
-bool cancelled[NWORKERS];
+bool queued[NWORKERS];       /* guarded by m_mutex: linked in the queue */
+bool granted[NWORKERS];      /* guarded by the node's lock */
+bool cancelled[NWORKERS];    /* guarded by the node's lock */
+bool handed_over[NWORKERS];  /* atomic: the releaser is done with the node */
 bool node_alive[NWORKERS];  /* model only: the node exists (thread is inside wait()) */
 bool sleeping[NWORKERS];    /* model only: blocked in wake.wait / wait_until */
 bool notified[NWORKERS];    /* model only: a notify_one reached the sleeper */
@@ -170,7 +183,9 @@ end:
  * mutex excludes them), so folding it loses no behaviour (Lipton's reduction:
  * the lock is a right mover, the unlock a left mover, guarded accesses move
  * both ways). Without this the state space of three threads is beyond a
- * CI budget. */
+ * CI budget. Every critical section of a node's own lock touches only what
+ * that lock guards and is one step here, so the lock itself needs no
+ * variable: no step boundary ever falls inside it. */
 
 inline lock(who) {
     atomic { mutex_owner == NOBODY -> mutex_owner = who }
@@ -192,6 +207,7 @@ inline notify(node) {
 inline push_back(node) {
     queue[qlen] = node;
     qlen++;
+    queued[node] = true;
     ticket[node] = next_ticket;
     next_ticket++
 }
@@ -209,6 +225,7 @@ inline remove(node) {
     :: else -> break
     od;
     qlen--;
+    queued[node] = false;
     k = 0
 }
 
@@ -226,6 +243,7 @@ inline pop_oldest(node) {
     od;
     qlen--;
 #endif
+    queued[node] = false;
     /* FIFO: nobody still queued came before `node` */
     k = 0;
     do
@@ -279,13 +297,13 @@ inline release(me) {
     d_step { seen_permits = 0; seen_waiters = 0 }
 }
 
-/* fifo_semaphore::hand_over(): under the mutex, seen = load; while the queue
+/* fifo_semaphore::hand_over(). Under m_mutex: seen = load; while the queue
  * is not empty and seen shows a free permit: CAS(seen, seen - one waiter - 1
- * permit), and on success pop the oldest, granted = true, notify (under the
- * mutex). Popping and granting touch only what the mutex guards, so they are
- * folded into the CAS step (see "Granularity"). */
+ * permit), and on success pop the oldest onto the list of grantees (the
+ * permit is the waiter's from here). Then, with m_mutex released, for each
+ * grantee: granted = true (under its lock), notify, handed_over = true. */
 inline hand_over(me) {
-    atomic { mutex_owner == NOBODY -> mutex_owner = me; RELOAD; next = NOBODY }
+    atomic { mutex_owner == NOBODY -> mutex_owner = me; RELOAD; grantees = 0 }
     do
     :: atomic { !(qlen > 0 && seen_permits > 0) -> break }
     :: atomic {
@@ -298,37 +316,39 @@ inline hand_over(me) {
                permits--;
                waiters--;
                pop_oldest(next);
-               granted[next] = true;  /* the permit is the waiter's from here */
                owned[next]++;
-#ifndef BUG_NOTIFY_AFTER_UNLOCK
-               notify(next);
-#endif
+               grantees = grantees | (1 << next);
                RELOAD  /* compare_exchange_weak leaves `seen` as it was; the next CAS fails and reloads */
            :: else -> RELOAD
            fi
 #endif
        }
     od;
-    unlock(me);
-#ifdef BUG_NOTIFY_AFTER_UNLOCK
-    if
-    :: next != NOBODY -> notify(next)  /* the node may be gone by now */
-    :: else -> skip
-    fi;
-#endif
+    atomic { seen_permits = 0; seen_waiters = 0; assert(mutex_owner == me); mutex_owner = NOBODY }
+    do
+    :: grantees == 0 -> break
+    :: grantees != 0 ->
+        d_step {
+            next = 0;
+            do
+            :: (grantees >> next) & 1 -> break
+            :: else -> next++
+            od;
+            grantees = grantees & ~(1 << next);
+            assert(node_alive[next]);
+            granted[next] = true  /* under the node's lock */
+        }
+        atomic { notify(next) }  /* no lock held */
+        d_step { assert(node_alive[next]); handed_over[next] = true }  /* the last touch */
+    od;
     next = 0
 }
 
-/* cancel_waiter::operator(), in thread `who`, for the node of `node`: one
- * critical section touching only guarded state and the node's condvar. */
+/* cancel_waiter::operator(), in thread `who`, for the node of `node`:
+ * cancelled = true under the node's lock, then notify with no lock held. */
 inline cancel_waiter(who, node) {
-    atomic {
-        mutex_owner == NOBODY ->
-        assert(node_alive[node]);
-        cancelled[node] = true;
-        notify(node)
-        /* the mutex is let go at the end of the block */
-    }
+    d_step { assert(node_alive[node]); cancelled[node] = true }
+    atomic { notify(node) }
 }
 
 /* fifo_semaphore::wait(deadline, stop), the slow path. */
@@ -338,10 +358,11 @@ inline wait_slow(me, timed, stoppable, outcome) {
         granted[me] = false;
         cancelled[me] = false;
         notified[me] = false;
+        handed_over[me] = false;
         node_alive[me] = true
     }
-    /* on_stop.emplace(*stop, cancel_waiter{this, &node}): registers, or runs
-     * the callback here when the stop came first */
+    /* on_stop.emplace(*stop, cancel_waiter{&node}): registers, or runs the
+     * callback here when the stop came first */
     if
     :: stoppable ->
         atomic {
@@ -356,59 +377,55 @@ inline wait_slow(me, timed, stoppable, outcome) {
         fi
     :: else -> skip
     fi;
-    /* std::unique_lock lock(m_mutex); if (node.cancelled) return cancelled; */
+    /* under the node's lock: if (node.cancelled) return cancelled; */
     atomic {
-        mutex_owner == NOBODY -> mutex_owner = me;
         if
         :: cancelled[me] -> outcome = CANCELLED
-        :: else -> outcome = WAITING; RELOAD
+        :: else -> outcome = WAITING
         fi
     }
-    /* take_or_enqueue(node), under the mutex */
-    do
-    :: outcome != WAITING || took || joined -> break
-    :: atomic {
-           outcome == WAITING && !took && !joined && seen_waiters == 0 && seen_permits > 0 ->
-           if
-           :: CAS_MATCHES ->
-               assert(qlen == 0);
-               permits--;
-               owned[me]++;
-               took = true;
-               outcome = ACQUIRED
-           :: else -> RELOAD
-           fi
-       }
-    :: atomic {
-           outcome == WAITING && !took && !joined && !(seen_waiters == 0 && seen_permits > 0) ->
-           if
-           :: CAS_MATCHES ->
-               waiters++;
-               joined = true;
-               push_back(me)
-           :: else -> RELOAD
-           fi
-       }
-    od;
-    atomic { seen_permits = 0; seen_waiters = 0; took = false }
-    /* for (;;) { granted? cancelled? sleep } */
+    /* under m_mutex: take_or_enqueue(node) */
+    if
+    :: outcome == WAITING ->
+        atomic { mutex_owner == NOBODY -> mutex_owner = me; RELOAD }
+        do
+        :: took || joined -> break
+        :: atomic {
+               !took && !joined && seen_waiters == 0 && seen_permits > 0 ->
+               if
+               :: CAS_MATCHES ->
+                   assert(qlen == 0);
+                   permits--;
+                   owned[me]++;
+                   took = true;
+                   outcome = ACQUIRED
+               :: else -> RELOAD
+               fi
+           }
+        :: atomic {
+               !took && !joined && !(seen_waiters == 0 && seen_permits > 0) ->
+               if
+               :: CAS_MATCHES ->
+                   waiters++;
+                   joined = true;
+                   push_back(me)
+               :: else -> RELOAD
+               fi
+           }
+        od;
+        atomic { seen_permits = 0; seen_waiters = 0; took = false; assert(mutex_owner == me); mutex_owner = NOBODY }
+    :: else -> skip
+    fi;
+    /* sleep(): under the node's lock, for (;;) { granted? cancelled? sleep } */
     do
     :: outcome != WAITING -> break
     :: atomic {
            outcome == WAITING ->
-           assert(mutex_owner == me);
-#ifdef BUG_CANCEL_BEFORE_GRANT
-           if
-           :: cancelled[me] -> outcome = CANCELLED
-           :: !cancelled[me] && granted[me] -> outcome = ACQUIRED
-#else
            if
            :: granted[me] -> outcome = ACQUIRED  /* a grant wins */
            :: !granted[me] && cancelled[me] -> outcome = CANCELLED
-#endif
            :: !granted[me] && !cancelled[me] ->
-               /* node.wake.wait(lock) / wait_until(lock, deadline): lets go of the mutex */
-               mutex_owner = NOBODY;
+               /* node.wake.wait / wait_until: lets go of the node's lock */
                sleeping[me] = true;
                notified[me] = false
            fi
@@ -426,31 +443,51 @@ inline wait_slow(me, timed, stoppable, outcome) {
                sleeping[me] = false;
                notified[me] = false
            }
-           /* the wait takes the mutex again before it returns */
+           /* the wait takes the node's lock again before it returns */
            atomic {
-               mutex_owner == NOBODY -> mutex_owner = me;
-#ifdef BUG_TIMEOUT_IGNORES_GRANT
-               if
-               :: timed && timeout_status -> outcome = TIMED_OUT
-               :: else -> skip
-               fi;
-#else
                if
                :: timed && timeout_status && !granted[me] && !cancelled[me] -> outcome = TIMED_OUT
                :: else -> skip
                fi;
-#endif
                timeout_status = false
            }
        :: else -> skip
        fi
     od;
+    /* gave up: under m_mutex, still queued? leave. Else the grant on its way wins. */
     if
     :: joined && outcome != ACQUIRED ->
-        /* not granted, so still queued: m_queue.remove(node), then
-         * m_state.fetch_sub(one_waiter); the unique_lock lets go */
-        d_step { remove(me); waiters--; assert(mutex_owner == me); mutex_owner = NOBODY; joined = false }
-    :: else -> d_step { assert(mutex_owner == me); mutex_owner = NOBODY; joined = false }  /* ~unique_lock */
+        atomic { mutex_owner == NOBODY -> mutex_owner = me }
+        if
+#ifdef BUG_LEAVE_UNCHECKED
+        :: true ->
+#else
+        :: queued[me] ->
+#endif
+            d_step { remove(me); waiters--; assert(mutex_owner == me); mutex_owner = NOBODY; joined = false }
+        :: else ->
+            d_step { assert(mutex_owner == me); mutex_owner = NOBODY }
+#ifndef BUG_TIMEOUT_IGNORES_GRANT
+            /* under the node's lock: wake.wait(lock, [] { return granted; }) */
+            do
+            :: atomic { granted[me] -> outcome = ACQUIRED; break }
+            :: atomic { !granted[me] -> sleeping[me] = true; notified[me] = false }
+               atomic { notified[me] -> sleeping[me] = false; notified[me] = false }
+            od
+#else
+            joined = false
+#endif
+        fi
+    :: else -> skip
+    fi;
+    /* granted through a hand_over: wait until the releaser is done with the node */
+    if
+    :: joined ->
+#ifndef BUG_NO_HANDOVER_WAIT
+        handed_over[me];
+#endif
+        joined = false
+    :: else -> skip
     fi;
     /* ~stop_callback: deregisters, or waits for a callback running elsewhere */
     atomic { !cb_running[me] -> cb_registered[me] = false }
@@ -462,7 +499,7 @@ inline wait_slow(me, timed, stoppable, outcome) {
 proctype worker(byte me) {
     byte round = 0;
     bool timed, stoppable, ok, took, joined, run_inline, timeout_status;
-    byte outcome, seen_permits, seen_waiters, count, next, k;
+    byte outcome, seen_permits, seen_waiters, count, next, k, grantees;
     do
     :: round < ROUNDS ->
 #ifdef ANY_KIND

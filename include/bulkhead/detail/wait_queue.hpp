@@ -2,20 +2,45 @@
 //
 // Each waiter is a node that lives on its own thread's stack for exactly as
 // long as it waits, so waiting never allocates. The queue only links nodes; it
-// owns none of them. Every member is guarded by the owning semaphore's mutex.
+// owns none of them. The queue's members, and each node's links and `queued`,
+// are guarded by the owning semaphore's mutex.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
+#include <mutex>
 
 namespace bulkhead::detail {
 
+/// A hint to the CPU inside a spin-wait loop (x86 `pause`): saves power and
+/// lets a sibling hyper-thread run. Nothing elsewhere.
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
 /// One thread waiting for a permit. Lives on the waiting thread's stack.
+///
+/// Two locks guard it, never held together: the semaphore's mutex guards the
+/// links and `queued` (the queue's state), the node's own `lock` guards
+/// `granted` and `cancelled` (what the waiter sleeps on). A releaser decides
+/// under the semaphore's mutex whom to grant, lets go of it, then sets
+/// `granted` under the node's lock and notifies with no lock held, so the
+/// woken thread never blocks again on a lock its waker still holds: one wake
+/// per handoff. `handed_over` is the releaser's last touch of the node; a
+/// granted waiter returns only once it is set, so the node outlives the
+/// notify.
 struct waiter {
-    waiter* prev = nullptr;        // guarded by the semaphore's mutex
-    waiter* next = nullptr;        // guarded by the semaphore's mutex
-    bool granted = false;          // guarded by the semaphore's mutex; set by release()
-    bool cancelled = false;        // guarded by the semaphore's mutex; set by a stop callback
-    std::condition_variable wake;  // notified (under the mutex) when granted or cancelled
+    waiter* prev = nullptr;  // guarded by the semaphore's mutex
+    waiter* next = nullptr;  // guarded by the semaphore's mutex; a releaser's list once popped
+    bool queued = false;     // guarded by the semaphore's mutex: linked in the queue
+
+    std::mutex lock;                       // guards granted and cancelled
+    bool granted = false;                  // guarded by lock; set by a release, once popped
+    bool cancelled = false;                // guarded by lock; set by a stop callback
+    std::condition_variable wake;          // waited on with lock; notified with no lock held
+    std::atomic<bool> handed_over{false};  // set by the granting releaser after its notify: done with the node
 };
 
 /// A doubly linked FIFO of waiters: O(1) push, pop and removal from the middle
@@ -25,6 +50,7 @@ public:
     [[nodiscard]] bool empty() const noexcept { return m_head == nullptr; }
 
     void push_back(waiter& node) noexcept {
+        node.queued = true;
         node.prev = m_tail;
         node.next = nullptr;
         if (m_tail != nullptr) {
@@ -48,6 +74,7 @@ public:
         (node.next != nullptr ? node.next->prev : m_tail) = node.prev;
         node.prev = nullptr;
         node.next = nullptr;
+        node.queued = false;
     }
 
 private:
