@@ -218,6 +218,16 @@ def paired(report):
         report.verdict(f"non-throwing reject ({label}) >= 100x faster than std try_acquire on empty, < 20 ns",
                        f"{fmt(faster)}x faster, {fmt(mine)} ns",
                        None if faster is None else (faster >= 100 and mine < 20))
+    gate_reject, counter_reject = pair("gate_try_enter_reject_vs_admission_counter_reject")
+    added = None if gate_reject is None or counter_reject is None else gate_reject - counter_reject
+    rows.append(["gate try_enter on a full gate / admission_counter::try_acquire with 0 slots (the floor)",
+                 fmt(gate_reject), fmt(counter_reject), f"+{fmt(added)} ns", "counts < 5 ns"])
+    report.verdict("gate counters (and the default observer) cost < 5 ns per call on the admission path",
+                   f"at most {fmt(added)} ns: all the gate adds to the bare counter's rejection",
+                   None if added is None else added < 5)
+    observed, plain = pair("gate_try_enter_reject_counting_observer_vs_null_observer")
+    rows.append(["gate try_enter rejection, a counting observer / null_observer (the default)", fmt(observed),
+                 fmt(plain), fmt(ratio(observed, plain)) + "x", ""])
     return table(["paired (alternating blocks in one benchmark)", "A ns", "B ns", "A vs B", "target"], rows)
 
 
