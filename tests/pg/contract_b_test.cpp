@@ -123,7 +123,7 @@ TEST_CASE("[B5] a commit that fails leaves nothing committed, releases the permi
 }
 
 TEST_CASE(
-    "[B6] a rollback that fails does not hide the original exception; the connection is discarded and "
+    "[B6] a rollback that fails does not hide the original exception, the connection is discarded and "
     "the failure reported",
     "[pg][B6]") {
     bulkhead::pqxx_pool pool(pool_options("bulkhead-b6"));
@@ -146,7 +146,7 @@ TEST_CASE(
     CHECK(gate.available() == 1);
 }
 
-TEST_CASE("[B7] a connection that broke during the call is discarded; the next call gets a fresh one", "[pg][B7]") {
+TEST_CASE("[B7] a connection that broke during the call is discarded, the next call gets a fresh one", "[pg][B7]") {
     bulkhead::pqxx_pool pool(pool_options("bulkhead-b7"));
     gate_t gate(pool, 1, 0);
     auto monitor = outside_connection();
@@ -189,7 +189,7 @@ TEST_CASE("[B8] committing or rolling back inside the callback is refused, then 
     CHECK(sessions(monitor, "bulkhead-b8", "idle in transaction") == 0);
 }
 
-TEST_CASE("[B9] a committed write is visible from another connection; a rolled-back one is not", "[pg][B9]") {
+TEST_CASE("[B9] a committed write is visible from another connection, a rolled-back one is not", "[pg][B9]") {
     scratch_table table("bulkhead_b9", "id int PRIMARY KEY");
     bulkhead::pqxx_pool pool(pool_options("bulkhead-b9"));
     gate_t gate(pool, 1, 0);

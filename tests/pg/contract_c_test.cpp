@@ -189,7 +189,7 @@ TEST_CASE("[C7] with the default validation, a connection killed while idle is r
     CHECK(second_pid != first_pid);
 }
 
-TEST_CASE("[C8] with the server down acquiring fails clearly without the password; the pool recovers", "[pg][C8]") {
+TEST_CASE("[C8] with the server down acquiring fails clearly without the password, the pool recovers", "[pg][C8]") {
     private_cluster cluster;
     const std::string conninfo = cluster.conninfo();
     const auto password_at = conninfo.find("password=");

@@ -234,7 +234,7 @@ TEST_CASE("hostile, connection strings libpq refuses only when connecting end in
     }
 }
 
-TEST_CASE("hostile, transaction settings out of range are refused by name; permits and connection come back",
+TEST_CASE("hostile, transaction settings out of range are refused by name, permits and connection come back",
           "[pg][hostile][pool]") {
     bulkhead::pqxx_pool pool(pool_options("bulkhead-hostile-tx", 1));
     gate_t gate(pool, 1, 0);
@@ -265,7 +265,7 @@ TEST_CASE("hostile, transaction settings out of range are refused by name; permi
     CHECK(pool.size() == 1);
 }
 
-TEST_CASE("hostile, deadlines in the past never reach the server; an enormous queue wait takes a free permit at once",
+TEST_CASE("hostile, deadlines in the past never reach the server, an enormous queue wait takes a free permit at once",
           "[pg][hostile][deadline]") {
     bulkhead::pqxx_pool pool(pool_options("bulkhead-hostile-deadline", 1));
     gate_t gate(pool, 1, 1);
