@@ -3,8 +3,9 @@
 // pqxx_pool lends out pqxx::connection objects through move-only leases and
 // runs the gate's transactions on them; it satisfies bulkhead::transactional_pool,
 // so `db_bulkhead<pqxx_pool>` works as is. This is the only header of the
-// library that includes libpqxx; the differences between libpqxx 6 and 7 are
-// kept in one place, namespace bulkhead::detail::pqxx_compat below.
+// library that includes libpqxx (and libpq's libpq-fe.h: link libpq, as the
+// CMake target bulkhead::pqxx does); the differences between libpqxx 6 and 7
+// are kept in one place, namespace bulkhead::detail::pqxx_compat below.
 //
 // Guarantees.
 // - Never more than max_size connections are open or being opened, also when
@@ -36,14 +37,23 @@
 // - min_idle connections are opened by the constructor, best effort; the pool
 //   does not open connections in the background to refill min_idle later.
 //
-// What a returned connection is checked for (the pool cannot see libpq's
-// transaction status through libpqxx 6): a discard() mark; a broken
+// What a returned connection is checked for: a discard() mark; a broken
 // connection (`!is_open()`); a gate transaction that was begun and not ended
 // by a successful commit or rollback; and, only for leases whose connection()
-// was used directly, one round trip (bounded by validation_timeout) that tells
-// whether the session is still inside a transaction block (a raw "BEGIN", or a
-// failed transaction). Transaction-control SQL sent through the gate's
+// was used directly, whether the session is still inside a transaction block
+// (a raw "BEGIN", or a failed transaction) or busy. That last check reads
+// libpq's transaction status (PQtransactionStatus, libpq's record of the
+// server's last answer: no round trip); libpqxx 6 hides the PGconn* it needs,
+// which namespace pqxx_compat reaches through largeobject's protected
+// raw_connection, once per connection when it is opened. Only when that
+// handle could not be read does the check cost one round trip (bounded by
+// validation_timeout). Transaction-control SQL sent through the gate's
 // transaction object itself (tx.exec("COMMIT")) is not detected.
+//
+// Commit. COMMIT of a transaction in which a statement failed rolls back and
+// reports success; the pool reads PQtransactionStatus first and, in that state
+// (PQTRANS_INERROR), sends nothing and throws pqxx::sql_error with SQLSTATE
+// 25P02. Otherwise it sends a plain COMMIT.
 //
 // Lifetime. The pool's state is shared with its leases: destroying the pool
 // while leases are out is safe; each such lease keeps working, and closes its
@@ -645,6 +655,11 @@ struct pooled_connection {
     // thread while leased, the pool (under its mutex) while idle.
     bool discard = false;     // close on return: discard(), a broken or unfinished transaction
     bool raw_access = false;  // the lease handed out the connection itself: check it on return
+    // libpq's handle, read once when the connection was opened (null when it
+    // could not be read), and the backend it belonged to: the return check
+    // reads libpq's transaction status through it instead of asking the server.
+    PGconn* handle = nullptr;
+    int backend_pid = 0;
 };
 
 /// One thread waiting in acquire(). Lives on the waiting thread's stack.
@@ -783,6 +798,34 @@ inline std::unique_ptr<pqxx::connection> open_connection(const std::string& conn
 /// Closes the connection's socket now; the object stays valid.
 inline void close_connection(pqxx::connection& connection) noexcept { connection.disconnect(); }
 
+/// libpqxx 6 hands out a transaction's PGconn* only to its large-object
+/// classes: `largeobject::raw_connection(const dbtransaction&)` is a protected
+/// static. A subclass makes it reachable; nothing of largeobject is used.
+struct raw_connection_access : pqxx::largeobject {
+    using pqxx::largeobject::raw_connection;
+};
+
+/// The PGconn* under `tx`'s connection (null when it is closed). Sends nothing.
+inline PGconn* native_handle(const pqxx::dbtransaction& tx) noexcept {
+    return raw_connection_access::raw_connection(tx);
+}
+
+/// A transaction object that is never begun: building and destroying it
+/// sends nothing to the server (libpqxx 6 sends BEGIN only from Begin(), and
+/// End() of a transaction that never began only deregisters it). It lets
+/// native_handle() read the PGconn* of a connection without a transaction.
+class handle_probe final : public pqxx::dbtransaction {
+public:
+    explicit handle_probe(pqxx::connection& connection)
+        : pqxx::internal::namedclass("handle_probe"), pqxx::dbtransaction(connection) {}
+    handle_probe(const handle_probe&) = delete;
+    handle_probe& operator=(const handle_probe&) = delete;
+    ~handle_probe() override { End(); }
+
+private:
+    void do_commit() override {}
+};
+
 #elif PQXX_VERSION_MAJOR == 7
 
 inline std::unique_ptr<pqxx::connection> open_connection(const std::string& conninfo) {
@@ -797,9 +840,67 @@ inline void close_connection(pqxx::connection& connection) noexcept {
     }
 }
 
+// libpqxx 7 keeps `largeobject::raw_connection(const dbtransaction&)` as a
+// protected static too (the class is deprecated there, in favour of blob).
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+struct raw_connection_access : pqxx::largeobject {
+    using pqxx::largeobject::raw_connection;
+};
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+inline PGconn* native_handle(const pqxx::dbtransaction& tx) noexcept {
+    return raw_connection_access::raw_connection(tx);
+}
+
+/// A transaction object that never registers with its connection and never
+/// sends anything (libpqxx 7's dbtransaction constructor sends nothing; the
+/// derived class sends BEGIN). Only for native_handle().
+class handle_probe final : public pqxx::dbtransaction {
+public:
+    explicit handle_probe(pqxx::connection& connection) : pqxx::dbtransaction(connection) {}
+    handle_probe(const handle_probe&) = delete;
+    handle_probe& operator=(const handle_probe&) = delete;
+    ~handle_probe() override = default;
+
+private:
+    void do_commit() override {}
+    void do_abort() override {}
+};
+
 #else
 #error "bulkhead/pqxx_pool.hpp supports libpqxx 6 and 7"
 #endif
+
+/// The PGconn* of `connection`, which must have no transaction open (one is
+/// built, never begun, to reach it); null when it cannot be read. Sends nothing.
+inline PGconn* native_handle(pqxx::connection& connection) noexcept {
+    try {
+        const handle_probe probe(connection);
+        return native_handle(probe);
+    } catch (...) {
+        return nullptr;  // the pool then asks the server instead
+    }
+}
+
+/// True when the server's last answer left `tx`'s transaction failed: a
+/// statement failed, and the server now refuses everything but ROLLBACK
+/// (COMMIT included: it would roll back and report success). libpq's own
+/// record of the last ReadyForQuery; no round trip.
+inline bool in_failed_transaction(const pqxx::dbtransaction& tx) noexcept {
+    return PQtransactionStatus(native_handle(tx)) == PQTRANS_INERROR;
+}
+
+/// True when libpq says the session is inside a transaction block (open or
+/// failed), also after a statement of it failed. No round trip.
+inline bool inside_transaction_block(const pqxx::dbtransaction& tx) noexcept {
+    const PGTransactionStatusType status = PQtransactionStatus(native_handle(tx));
+    return status == PQTRANS_INTRANS || status == PQTRANS_INERROR;
+}
 
 }  // namespace pqxx_compat
 
@@ -810,6 +911,12 @@ struct transaction_control {
     /// from inside the gate's callback.
     static constexpr const char* refusal =
         "bulkhead: commit/rollback inside the gate's callback is refused; the gate commits after the callback returns";
+    /// The message of the pqxx::sql_error (SQLSTATE 25P02) for a commit of a
+    /// transaction in which a statement had failed.
+    static constexpr const char* failed_transaction =
+        "bulkhead: not committed: a statement of this transaction failed and its error was caught, so the server "
+        "has aborted the transaction (SQLSTATE 25P02: current transaction is aborted); COMMIT was not sent, "
+        "rollback() ends it";
 
     pooled_connection* owner = nullptr;          // the leased connection; outlives the transaction
     std::string begin_statement;                 // BEGIN ... [; SET LOCAL ...][; SELECT txid_current()], integers only
@@ -955,12 +1062,15 @@ inline void transaction_control::on_commit(gate_transaction& tx) {
         throw std::logic_error(refusal);
     }
     // COMMIT of a transaction in which a statement failed (an error the
-    // callback caught) rolls back and reports success. The SELECT in front
-    // fails in exactly that state, with SQLSTATE 25P02, and COMMIT is then not
-    // run: still one round trip, and nothing is reported as committed that
-    // was not. libpqxx 6 does not expose the command tag that would tell.
+    // callback caught) rolls back and reports success. libpq knows that state
+    // from the server's last answer (PQtransactionStatus: PQTRANS_INERROR):
+    // COMMIT is then not sent, and the caller gets what any statement gets
+    // there, SQLSTATE 25P02; the transaction stays open, for rollback().
+    if (pqxx_compat::in_failed_transaction(tx)) {
+        throw pqxx::sql_error(failed_transaction, "COMMIT", "25P02");
+    }
     try {
-        (void)tx.run("SELECT 1; COMMIT");
+        (void)tx.run("COMMIT");
     } catch (const pqxx::in_doubt_error& unknown) {
         settle_lost_commit(unknown);
         return;
@@ -972,9 +1082,9 @@ inline void transaction_control::on_commit(gate_transaction& tx) {
             settle_lost_commit(error);
             return;
         }
-        // The server answered. A failed COMMIT ends the transaction; a failed
-        // SELECT (25P02) leaves it open, for rollback().
-        backend_open = error.sqlstate() == "25P02";
+        // The server answered. A failed COMMIT ends the transaction; libpq's
+        // status says so without a round trip.
+        backend_open = pqxx_compat::inside_transaction_block(tx);
         throw;
     } catch (const std::exception& failure) {
         if (!tx.conn().is_open()) {
@@ -1168,6 +1278,21 @@ inline bool check_idle_session(pqxx::connection& connection, std::chrono::steady
     } catch (...) {
         return false;
     }
+}
+
+/// True when the session of a connection returned from raw use is outside
+/// any transaction block. Without a round trip when the pool holds the
+/// connection's PGconn* (read when it was opened) and the session is still
+/// the one it was read for: libpq's record of the server's last answer
+/// (PQtransactionStatus) must say idle; a transaction block left open, a
+/// failed one, a command still in progress or a connection libpq knows is
+/// bad all say otherwise. Otherwise check_idle_session's round trip.
+inline bool session_idle(pooled_connection& pooled, std::chrono::steady_clock::time_point deadline) noexcept {
+    pqxx::connection& connection = *pooled.connection;
+    if (pooled.handle != nullptr && connection.is_open() && connection.backendpid() == pooled.backend_pid) {
+        return PQtransactionStatus(pooled.handle) == PQTRANS_IDLE;
+    }
+    return check_idle_session(connection, deadline);
 }
 
 // ---------------------------------------------------------------------------
@@ -1475,6 +1600,8 @@ private:
         try {
             auto record = std::make_unique<pooled_connection>();
             record->connection = pqxx_compat::open_connection(connect_string(m_target, until - clock::now()));
+            record->handle = pqxx_compat::native_handle(*record->connection);
+            record->backend_pid = record->connection->backendpid();
             record->opened_at = clock::now();
             record->idle_since = record->opened_at;
             const std::lock_guard lock(m_mutex);
@@ -1542,7 +1669,7 @@ private:
         }
         if (connection.raw_access) {
             connection.raw_access = false;
-            if (!check_idle_session(*connection.connection, saturating_add(now, m_options.validation_timeout))) {
+            if (!session_idle(connection, saturating_add(now, m_options.validation_timeout))) {
                 return close_reason::validation_failed;
             }
         }
@@ -1684,8 +1811,10 @@ public:
 
         /// Returns the connection to the pool (or closes it: see the file
         /// comment for what is checked). Idempotent.
-        /// \note If connection() was used, this may make one round trip
-        /// (bounded by validation_timeout) to check the session.
+        /// \note If connection() was used, the session is checked through
+        /// libpq's transaction status, without a round trip; only when the
+        /// pool could not read the connection's libpq handle with one round
+        /// trip (bounded by validation_timeout).
         void release() noexcept {
             if (m_connection) {
                 std::shared_ptr<detail::pool_core> core = std::move(m_core);

@@ -37,6 +37,19 @@ std::string through(const tcp_proxy& proxy) {
     return conninfo() + " host=127.0.0.1 port=" + std::to_string(proxy.port());
 }
 
+/// A proxy in front of the suite's server.
+tcp_proxy proxy_to_server() {
+    const auto [host, port] = server_address();
+    return tcp_proxy(host, port);
+}
+
+/// Options for a pool of one connection that reaches the server through `proxy`.
+bulkhead::pqxx_pool_options proxied_options(const tcp_proxy& proxy, const std::string& application_name) {
+    auto options = pool_options(application_name, 1);
+    options.conninfo = through(proxy);
+    return options;
+}
+
 template <class Call>
 clock_type::duration time_of(Call&& call) {
     const auto start = clock_type::now();
@@ -174,7 +187,7 @@ TEST_CASE("with deadline_sets_lock_timeout the deadline bounds lock waits too", 
 
 // --- 2. Cancellation that reaches the server -----------------------------------------
 
-TEST_CASE("a stop request during pg_sleep(10) cancels the statement on the server; the connection is reused",
+TEST_CASE("a stop request during pg_sleep(10) cancels the statement on the server, the connection is reused",
           "[pg][cancel]") {
     bulkhead::pqxx_pool pool(pool_options("bulkhead-cancel", 1));
     gate_t gate(pool, 1, 0);
@@ -218,12 +231,9 @@ TEST_CASE("a stop request during pg_sleep(10) cancels the statement on the serve
 // --- 3. COMMIT outcomes ------------------------------------------------------------------
 
 TEST_CASE("a COMMIT whose answer is lost after the server committed returns the value", "[pg][commit]") {
-    const auto [host, port] = server_address();
-    tcp_proxy proxy(host, port);
+    tcp_proxy proxy = proxy_to_server();
     scratch_table table("bulkhead_commit_landed", "id int");
-    auto options = pool_options("bulkhead-commit-landed", 1);
-    options.conninfo = through(proxy);
-    bulkhead::pqxx_pool pool(options);
+    bulkhead::pqxx_pool pool(proxied_options(proxy, "bulkhead-commit-landed"));
     gate_t gate(pool, 1, 0);
     proxy.arm(tcp_proxy::cut::drop_after_commit);
     const int value = gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
@@ -238,12 +248,9 @@ TEST_CASE("a COMMIT whose answer is lost after the server committed returns the 
 }
 
 TEST_CASE("a COMMIT lost before it reached the server fails after the rollback is confirmed", "[pg][commit]") {
-    const auto [host, port] = server_address();
-    tcp_proxy proxy(host, port);
+    tcp_proxy proxy = proxy_to_server();
     scratch_table table("bulkhead_commit_lost", "id int");
-    auto options = pool_options("bulkhead-commit-lost", 1);
-    options.conninfo = through(proxy);
-    bulkhead::pqxx_pool pool(options);
+    bulkhead::pqxx_pool pool(proxied_options(proxy, "bulkhead-commit-lost"));
     gate_t gate(pool, 1, 0);
     proxy.arm(tcp_proxy::cut::drop_before_commit);
     try {
@@ -262,11 +269,9 @@ TEST_CASE("a COMMIT lost before it reached the server fails after the rollback i
 }
 
 TEST_CASE("commit_unknown only when the outcome cannot be read back, never a silent retry", "[pg][commit]") {
-    const auto [host, port] = server_address();
-    tcp_proxy proxy(host, port);
+    tcp_proxy proxy = proxy_to_server();
     scratch_table table("bulkhead_commit_unknown", "id int");
-    auto options = pool_options("bulkhead-commit-unknown", 1);
-    options.conninfo = through(proxy);
+    auto options = proxied_options(proxy, "bulkhead-commit-unknown");
     options.connection_timeout = 300ms;  // also the budget for reading the outcome
     bulkhead::pqxx_pool pool(options);
     gate_t gate(pool, 1, 0);
@@ -304,4 +309,70 @@ TEST_CASE("the transaction id is read with BEGIN for read-write work only, never
     CHECK(assigned(read_write));       // txid_current() ran with BEGIN
     CHECK_FALSE(assigned(read_only));  // nothing extra on the read-only path
     CHECK_FALSE(assigned(untracked));
+}
+
+// --- 4. What libpq already knows is not asked of the server ------------------------------
+
+TEST_CASE("a commit after a caught SQL error sends no COMMIT and fails with 25P02, a clean one sends one COMMIT",
+          "[pg][commit]") {
+    tcp_proxy proxy = proxy_to_server();
+    scratch_table table("bulkhead_commit_failed_tx", "id int");
+    bulkhead::pqxx_pool pool(proxied_options(proxy, "bulkhead-commit-failed-tx"));
+    gate_t gate(pool, 1, 0);
+    const int commits_before = proxy.commits();
+    try {
+        gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
+            tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
+            try {
+                tx.exec("SELECT 1/0");
+            } catch (const pqxx::sql_error&) {
+                // swallowed: the transaction is now failed on the server
+            }
+        });
+        FAIL("the commit of a failed transaction succeeded");
+    } catch (const pqxx::sql_error& error) {
+        CHECK(error.sqlstate() == "25P02");
+        CHECK(error.query() == "COMMIT");
+    }
+    CHECK(proxy.commits() == commits_before);  // libpq's status said INERROR: COMMIT never went out
+    CHECK(table.rows() == 0);
+    CHECK(pool.size() == 1);  // rolled back by the gate, and kept
+    gate.transaction(1s, [&](pqxx::dbtransaction& tx) { tx.exec0("INSERT INTO " + table.name() + " VALUES (2)"); });
+    CHECK(proxy.commits() == commits_before + 1);
+    CHECK(table.rows() == 1);
+}
+
+TEST_CASE("a lease used directly is checked on return without a statement, kept when idle, closed inside a block",
+          "[pg][pool]") {
+    tcp_proxy proxy = proxy_to_server();
+    bulkhead::pqxx_pool pool(proxied_options(proxy, "bulkhead-raw-return"));
+    // Runs `statements` on a lease's connection directly (errors caught),
+    // returns the lease, and says how many queries the return itself sent.
+    const auto use_and_return = [&](const std::vector<std::string>& statements) {
+        int sent = 0;
+        {
+            auto lease = pool.acquire();
+            {
+                pqxx::nontransaction raw(lease.connection());
+                for (const std::string& statement : statements) {
+                    try {
+                        raw.exec(statement);
+                    } catch (const pqxx::sql_error&) {
+                        // a failed transaction block is one of the cases
+                    }
+                }
+            }
+            sent = proxy.queries();
+        }
+        return proxy.queries() - sent;
+    };
+    CHECK(use_and_return({"SELECT 1"}) == 0);
+    CHECK(pool.idle() == 1);
+    CHECK(use_and_return({"BEGIN", "SELECT 1"}) == 0);
+    CHECK(pool.size() == 0);  // closed: the session was still inside a transaction block
+    CHECK(use_and_return({"BEGIN", "SELECT 1/0"}) == 0);
+    CHECK(pool.size() == 0);  // closed: a failed transaction block
+    CHECK(use_and_return({"BEGIN", "COMMIT"}) == 0);
+    CHECK(pool.idle() == 1);
+    CHECK(pool.stats().closed_for(bulkhead::close_reason::validation_failed) == 2);
 }

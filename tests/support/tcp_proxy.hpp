@@ -95,6 +95,12 @@ public:
     /// How many times a cut happened.
     [[nodiscard]] int cuts() const noexcept { return m_cuts.load(); }
 
+    /// Simple-query messages the clients sent so far, and those of them that
+    /// end with COMMIT. A query is counted before it is forwarded, so once
+    /// its answer has arrived the count includes it.
+    [[nodiscard]] int queries() const noexcept { return m_queries.load(); }
+    [[nodiscard]] int commits() const noexcept { return m_commits.load(); }
+
 private:
     struct link {
         int client = -1;
@@ -191,16 +197,20 @@ private:
                     const std::uint32_t code = ntohl(code_be);
                     // SSLRequest / GSSENCRequest are followed by another untyped packet.
                     startup = (code == 80877103U || code == 80877104U);
-                } else if (message[0] == 'Q' && is_commit(message + 5, length - 4)) {
-                    const cut how = m_armed.exchange(cut::none);
-                    if (how == cut::drop_before_commit) {
-                        ++m_cuts;
-                        through.close_both();
-                        return;
-                    }
-                    if (how == cut::drop_after_commit) {
-                        ++m_cuts;
-                        through.swallow = true;
+                } else if (message[0] == 'Q') {
+                    ++m_queries;
+                    if (is_commit(message + 5, length - 4)) {
+                        ++m_commits;
+                        const cut how = m_armed.exchange(cut::none);
+                        if (how == cut::drop_before_commit) {
+                            ++m_cuts;
+                            through.close_both();
+                            return;
+                        }
+                        if (how == cut::drop_after_commit) {
+                            ++m_cuts;
+                            through.swallow = true;
+                        }
                     }
                 }
                 if (!send_all(through.upstream, message, total)) {
@@ -234,8 +244,8 @@ private:
         through.close_both();
     }
 
-    /// True for a simple query whose last statement is COMMIT ("COMMIT", or
-    /// the pool's "SELECT 1; COMMIT"); `size` counts the terminating NUL.
+    /// True for a simple query whose last statement is COMMIT: the pool's
+    /// plain "COMMIT", and also "...; COMMIT"; `size` counts the terminating NUL.
     static bool is_commit(const char* text, std::size_t size) noexcept {
         std::size_t end = size;
         while (end > 0 &&
@@ -263,6 +273,8 @@ private:
     std::atomic<bool> m_refusing{false};
     std::atomic<cut> m_armed{cut::none};
     std::atomic<int> m_cuts{0};
+    std::atomic<int> m_queries{0};
+    std::atomic<int> m_commits{0};
     std::mutex m_mutex;
     std::list<link> m_links;  // guarded by m_mutex; std::list keeps addresses stable
     std::thread m_acceptor;
