@@ -387,15 +387,15 @@ constexpr int statement_reps = 7;
 std::vector<statement_row> run_statement_costs(const settings& config) {
     const std::vector<std::tuple<std::string, std::vector<std::string>>> sequences = {
         {"raw libpqxx (pqxx::work)", {"BEGIN", "SELECT 1", "COMMIT"}},
-        {"gate, no deadline", {"BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY", "SELECT 1", "SELECT 1; COMMIT"}},
+        {"gate, no deadline", {"BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY", "SELECT 1", "COMMIT"}},
         {"gate, deadline",
+         {"BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY; SET LOCAL statement_timeout = 99", "SELECT 1", "COMMIT"}},
+        {"gate, deadline, with the SELECT 1 guard before COMMIT (before PQtransactionStatus)",
          {"BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY; SET LOCAL statement_timeout = 99", "SELECT 1",
           "SELECT 1; COMMIT"}},
-        {"gate, deadline, plain COMMIT (not what the pool sends)",
-         {"BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY; SET LOCAL statement_timeout = 99", "SELECT 1", "COMMIT"}},
         {"gate, read-write (txid for commit outcomes)",
          {"BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE; SET LOCAL statement_timeout = 99; SELECT txid_current()",
-          "SELECT 1", "SELECT 1; COMMIT"}},
+          "SELECT 1", "COMMIT"}},
     };
     pqxx::connection connection(with_field(config.conninfo, "application_name", bench_application_name));
     const long backend = connection.backendpid();

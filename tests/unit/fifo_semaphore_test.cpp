@@ -263,6 +263,7 @@ TEST_CASE("fifo_semaphore, many threads never hold more than the permits", "[sem
     std::atomic<int> most{0};
     std::atomic<int> gave_up{0};
     std::vector<std::thread> threads;
+    threads.reserve(16);
     for (int t = 0; t < 16; ++t) {
         threads.emplace_back([&, t] {
             std::stop_source source;

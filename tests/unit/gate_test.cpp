@@ -299,6 +299,7 @@ TEST_CASE("[A9] no mix of timeouts, stop requests, failures and releases creates
     gate_t gate(pool, concurrent, extra);
     std::atomic<int> outcomes{0};
     std::vector<std::thread> threads;
+    threads.reserve(12);
     for (int t = 0; t < 12; ++t) {
         threads.emplace_back([&, t] {
             std::mt19937 random(static_cast<unsigned>(t));
@@ -343,12 +344,13 @@ TEST_CASE("[A9] no mix of timeouts, stop requests, failures and releases creates
 }
 
 // --- A10 --------------------------------------------------------------------
-TEST_CASE("[A10] with all B running at most Q more are inside; the next extra caller is refused", "[gate][A10]") {
+TEST_CASE("[A10] with all B running at most Q more are inside, and the next extra caller is refused", "[gate][A10]") {
     fake_pool pool;
     gate_t gate(pool, 2, 3);
     blocker first(gate);
     blocker second(gate);
     std::vector<std::thread> waiters;
+    waiters.reserve(3);
     for (int i = 0; i < 3; ++i) {
         waiters.push_back(queued_caller(gate, i));
     }
@@ -382,6 +384,7 @@ TEST_CASE("[A11] never more than B callbacks run and never more than Q wait, und
         }
     });
     std::vector<std::thread> threads;
+    threads.reserve(32);
     for (int t = 0; t < 32; ++t) {
         threads.emplace_back([&] {
             for (int i = 0; i < 300; ++i) {
@@ -413,6 +416,7 @@ TEST_CASE("[A12] waiters are granted execution permits in arrival order", "[gate
     std::vector<int> order;
     auto hold = std::make_unique<blocker<gate_t>>(gate);
     std::vector<std::thread> threads;
+    threads.reserve(static_cast<std::size_t>(waiters));
     for (int i = 0; i < waiters; ++i) {
         threads.push_back(queued_caller(gate, i, [&, i] {
             const std::lock_guard lock(order_mutex);
@@ -424,6 +428,7 @@ TEST_CASE("[A12] waiters are granted execution permits in arrival order", "[gate
         thread.join();
     }
     std::vector<int> expected;
+    expected.reserve(static_cast<std::size_t>(waiters));
     for (int i = 0; i < waiters; ++i) {
         expected.push_back(i);
     }
@@ -463,7 +468,7 @@ TEST_CASE("[A13] entering the same gate again from a thread that holds it throws
 }
 
 // --- A14 --------------------------------------------------------------------
-TEST_CASE("[A14] available() and available_slots() only observe; admission decides by itself", "[gate][A14]") {
+TEST_CASE("[A14] available() and available_slots() only observe, and admission decides by itself", "[gate][A14]") {
     fake_pool pool;
     gate_t gate(pool, 2, 1);
     // Admit exactly B + Q holders without ever reading the observers first.
@@ -636,7 +641,7 @@ TEST_CASE("[B8] committing or rolling back inside the callback is refused, then 
 }
 
 // --- the rest of the gate's surface ----------------------------------------------
-TEST_CASE("the caller gets the callback's value after commit; options reach the pool", "[gate][B1]") {
+TEST_CASE("the caller gets the callback's value after commit, and options reach the pool", "[gate][B1]") {
     fake_pool pool;
     gate_t gate(pool, 2, 0);
     auto text = gate.transaction({.queue_wait = 1s, .transaction = {.tag = 5}}, [](fake_pool::work& work) {
