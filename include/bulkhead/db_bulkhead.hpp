@@ -584,8 +584,10 @@ private:
     };
 
     /// Both admission stages. Returns a permit or why there is none. With
-    /// `times` (the transaction path) the permit wait is recorded; enter()
-    /// passes none and reads no clock unless it has to wait.
+    /// `times` (the transaction path) the admission and permit times are read
+    /// and the permit wait recorded (zero when there was none). enter()
+    /// passes none: its calls are counted but not timed, and it reads the
+    /// clock only for a deadline.
     result<permit> admit(const options& call, admission_times* times = nullptr) {
         if (call.queue_wait < call.queue_wait.zero()) {
             throw std::invalid_argument("bulkhead::db_bulkhead: queue_wait must not be negative");
@@ -625,12 +627,10 @@ private:
                 m_metrics.permit_wait.record(0U);
             }
         } else {
-            const clock::time_point waited_from = times != nullptr ? times->admitted : clock::now();
             const wait_status waited = m_core.m_running.try_acquire_for(wait, call.stop);
-            const clock::time_point waited_until = clock::now();
-            m_metrics.permit_wait.record(waited_until - waited_from);
             if (times != nullptr) {
-                times->permitted = waited_until;
+                times->permitted = clock::now();
+                m_metrics.permit_wait.record(times->permitted - times->admitted);
             }
             switch (waited) {
                 case wait_status::acquired:

@@ -31,7 +31,8 @@
 // and free permits > 0" holds only while some release() that saw waiters has
 // not yet finished its hand_over(), which then grants those permits (or finds
 // the waiters gone: timed out or cancelled meanwhile, leaving the permits
-// free for anyone). tests/model/fifo_semaphore.pml checks this exhaustively.
+// free for anyone). tests/model/fifo_semaphore.pml checks this in every
+// state of its configurations.
 //
 // Timeout or cancellation racing a release. Under the mutex, hand_over()
 // decides whom to grant: it unlinks the oldest waiters (`queued` = false),
@@ -46,7 +47,9 @@
 // duplicated. A granted waiter returns only after `handed_over`, so its
 // node (on its stack) outlives the releaser's use of it. The unit tests run
 // these races many thousands of times (tests/unit/fifo_semaphore_test.cpp);
-// tests/model/fifo_semaphore.pml checks every interleaving of 3 threads.
+// tests/model/fifo_semaphore.pml checks every interleaving of its
+// configurations (3 threads making one call each, 2 threads making two, 4
+// threads with 2 permits; see tests/model/CMakeLists.txt).
 //
 // Thread safety and memory ordering. All members may be called concurrently.
 // A successful acquire synchronizes with the release that provided the
@@ -59,6 +62,7 @@
 
 #include <bulkhead/detail/wait_queue.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cassert>
 #include <chrono>
@@ -174,10 +178,10 @@ public:
             return;
         }
         const auto add = static_cast<std::uint64_t>(count);
+        assert(permits_of(m_state.load(std::memory_order_relaxed)) + add <= static_cast<std::uint64_t>(max_permits));
         // release: publishes the releaser's writes to the next acquirer (on
         // the fast path directly, on the slow path through hand_over's CAS).
         const std::uint64_t before = m_state.fetch_add(add, std::memory_order_release);
-        assert(permits_of(before) + add <= static_cast<std::uint64_t>(max_permits));
         if (waiters_of(before) != 0) {
             hand_over();
         }
@@ -277,6 +281,15 @@ private:
                 return wait_status::acquired;
             }
         }
+        return wait_queued(node, deadline);
+    }
+
+    /// The rest of wait() once `node` is queued. noexcept: a failure to lock
+    /// here (std::system_error, which glibc's mutexes do not raise) would
+    /// leave the dead node linked in the queue, so it terminates instead,
+    /// as release() and hand_over() would.
+    template <class Deadline>
+    wait_status wait_queued(detail::waiter& node, const Deadline& deadline) noexcept {
         wait_status outcome = sleep(node, deadline);
         if (outcome != wait_status::acquired) {
             std::unique_lock lock(m_mutex);
@@ -299,13 +312,24 @@ private:
     /// A granted waiter's last step: the releaser may still be inside its
     /// notify (a syscall, about a microsecond); the node must outlive that.
     /// Spins briefly (the releaser usually runs on another core), then
-    /// yields (it may have been preempted by this very thread).
+    /// yields (it may have been preempted by this very thread), then sleeps
+    /// with a growing pause: a yield does not let a releaser of lower
+    /// real-time priority run, a sleep does.
     static void await_handed_over(const detail::waiter& node) noexcept {
-        for (int spins = 0; !node.handed_over.load(std::memory_order_acquire); ++spins) {
-            if (spins < 1000) {
+        constexpr int spins = 1000;
+        constexpr int yields = 100;
+        int round = 0;
+        auto pause = std::chrono::microseconds(1);
+        while (!node.handed_over.load(std::memory_order_acquire)) {
+            if (round < spins) {
                 detail::cpu_relax();
-            } else {
+                ++round;
+            } else if (round < spins + yields) {
                 std::this_thread::yield();
+                ++round;
+            } else {
+                std::this_thread::sleep_for(pause);
+                pause = std::min(pause * 2, std::chrono::microseconds(1000));
             }
         }
     }
@@ -314,7 +338,7 @@ private:
     /// `deadline` passes (timed_out). A grant is checked first, so it wins
     /// over a timeout or a stop seen at the same time.
     template <class Deadline>
-    static wait_status sleep(detail::waiter& node, const Deadline& deadline) {
+    static wait_status sleep(detail::waiter& node, const Deadline& deadline) noexcept {
         std::unique_lock node_lock(node.lock);
         for (;;) {
             if (node.granted) {
@@ -362,20 +386,23 @@ private:
     /// release() adds; no one else takes while anyone is queued), so the CAS
     /// retries only for those.
     void hand_over() noexcept {
-        detail::waiter* grantees = nullptr;  // linked through `next`
+        detail::waiter* grantees = nullptr;  // oldest first, linked through `next`
+        detail::waiter* last = nullptr;
         {
             const std::lock_guard lock(m_mutex);
             std::uint64_t seen = m_state.load(std::memory_order_relaxed);
             while (!m_queue.empty() && permits_of(seen) > 0) {
                 // One permit and one waiter out in one step. acquire: pairs
                 // with the release fetch_add of whoever freed the permit.
-                if (!m_state.compare_exchange_weak(seen, seen - one_waiter - 1, std::memory_order_acquire,
-                                                   std::memory_order_relaxed)) {
+                const std::uint64_t taken = seen - one_waiter - 1;
+                if (!m_state.compare_exchange_weak(seen, taken, std::memory_order_acquire, std::memory_order_relaxed)) {
                     continue;
                 }
+                seen = taken;  // what is there now, unless a release added since (the next CAS sees it)
                 detail::waiter& next = m_queue.pop_front();
-                next.next = grantees;  // the waiter no longer touches its links
-                grantees = &next;
+                // The waiter no longer touches its links: they serve this list.
+                (last != nullptr ? last->next : grantees) = &next;
+                last = &next;
             }
         }
         while (grantees != nullptr) {

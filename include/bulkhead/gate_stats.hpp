@@ -5,10 +5,9 @@
 // admission path makes ("admitted", or the rejection's reason, and
 // "completed") are striped per thread (detail/striped_counters.hpp): a plain
 // load and store in the thread's own cache line, no locked instruction, no
-// line shared between threads. The rarer outcomes are relaxed atomic adds.
-// The transaction path also reads steady_clock a few times and records five
-// histograms, which is small next to a database round trip. gate.stats()
-// copies all of it into a plain gate_stats.
+// line shared between threads (up to 63 threads; later ones share one line). The rarer outcomes are relaxed atomic
+// adds. The transaction path also reads steady_clock a few times and records five histograms, which is small next to a
+// database round trip. gate.stats() copies all of it into a plain gate_stats.
 //
 // Thread safety: all members may be used concurrently. Counters are relaxed
 // atomics: a snapshot is not one atomic cut, but every value it shows was

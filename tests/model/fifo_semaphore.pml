@@ -43,9 +43,9 @@
  *      queue has an older ticket), and nobody takes a permit outside
  *      hand_over while someone is queued (no barging);
  *   4. no waiter stuck with a permit available: "waiters > 0 and free > 0"
- *      only while a release() that saw waiters has not finished its
- *      hand_over() (in every state), and every worker finishes (a waiter that
- *      sleeps forever is an invalid end state);
+ *      only while a release() that saw waiters has not yet let go of m_mutex
+ *      in its hand_over() (in every state), and every worker finishes (a
+ *      waiter that sleeps forever is an invalid end state);
  *   5. a releaser touches a node (granted, notify, handed_over) only while
  *      its thread is still inside wait() (the node lives on that stack);
  *   6. at the end: every permit free, nobody queued.
@@ -64,6 +64,13 @@
  *   BUG_NO_HANDOVER_WAIT       a granted waiter returns without waiting for
  *                              `handed_over` (its node may vanish while the
  *                              releaser still notifies it)
+ *
+ * Not modelled: release(count > 1); a lock that throws (the C++ code
+ * terminates then: wait_queued(), release() and hand_over() are noexcept);
+ * stop_possible() == false (the same as not passing a token). node_alive is
+ * per thread, not per node: a releaser touching a node after its thread
+ * started its next wait() would not be caught (the code reads and writes a
+ * node only before handed_over, and the waiter returns only after it).
  *
  * Sizes: NWORKERS threads (2 to 4, default 3), PERMITS (default 1), ROUNDS
  * acquisitions per thread (default 2; CI uses 1 with 3 threads). The kinds
@@ -126,7 +133,7 @@ bool uses_stop[NWORKERS];       /* model only: the worker's current call takes t
 
 byte owned[NWORKERS];   /* permits each worker holds */
 byte in_flight = 0;     /* released, not yet free or granted */
-byte pending = 0;       /* releases that saw waiters and have not finished hand_over */
+byte pending = 0;       /* releases that saw waiters and whose hand_over still holds or awaits m_mutex */
 byte holding = 0;       /* workers between acquire and release */
 byte ticket[NWORKERS];  /* arrival order into the queue */
 byte next_ticket = 1;
@@ -291,7 +298,7 @@ inline release(me) {
     atomic { ok = (waiters != 0); permits++; in_flight--; if :: ok -> pending++ :: else -> skip fi }
 #endif
     if
-    :: ok -> ok = false; hand_over(me); pending--
+    :: ok -> ok = false; hand_over(me)  /* pending-- when it lets go of m_mutex */
     :: else -> skip
     fi;
     d_step { seen_permits = 0; seen_waiters = 0 }
@@ -299,11 +306,13 @@ inline release(me) {
 
 /* fifo_semaphore::hand_over(). Under m_mutex: seen = load; while the queue
  * is not empty and seen shows a free permit: CAS(seen, seen - one waiter - 1
- * permit), and on success pop the oldest onto the list of grantees (the
- * permit is the waiter's from here). Then, with m_mutex released, for each
- * grantee: granted = true (under its lock), notify, handed_over = true. */
+ * permit), and on success seen = the value written, and pop the oldest onto
+ * the end of the list of grantees (the permit is the waiter's from here).
+ * Then, with m_mutex released, oldest first: granted = true (under its
+ * lock), notify, handed_over = true. The list holds at most PERMITS (<= 2)
+ * nodes: first and second. */
 inline hand_over(me) {
-    atomic { mutex_owner == NOBODY -> mutex_owner = me; RELOAD; grantees = 0 }
+    atomic { mutex_owner == NOBODY -> mutex_owner = me; RELOAD; first = NOBODY; second = NOBODY }
     do
     :: atomic { !(qlen > 0 && seen_permits > 0) -> break }
     :: atomic {
@@ -315,26 +324,28 @@ inline hand_over(me) {
            :: CAS_MATCHES ->
                permits--;
                waiters--;
+               seen_permits--;
+               seen_waiters--;  /* seen = the value written */
                pop_oldest(next);
                owned[next]++;
-               grantees = grantees | (1 << next);
-               RELOAD  /* compare_exchange_weak leaves `seen` as it was; the next CAS fails and reloads */
+               if
+               :: first == NOBODY -> first = next
+               :: else -> assert(second == NOBODY); second = next
+               fi;
+               next = 0
            :: else -> RELOAD
            fi
 #endif
        }
     od;
-    atomic { seen_permits = 0; seen_waiters = 0; assert(mutex_owner == me); mutex_owner = NOBODY }
+    atomic { seen_permits = 0; seen_waiters = 0; assert(mutex_owner == me); mutex_owner = NOBODY; pending-- }
     do
-    :: grantees == 0 -> break
-    :: grantees != 0 ->
+    :: first == NOBODY -> break
+    :: first != NOBODY ->
         d_step {
-            next = 0;
-            do
-            :: (grantees >> next) & 1 -> break
-            :: else -> next++
-            od;
-            grantees = grantees & ~(1 << next);
+            next = first;
+            first = second;  /* node.next, read before the node is handed over */
+            second = NOBODY;
             assert(node_alive[next]);
             granted[next] = true  /* under the node's lock */
         }
@@ -499,10 +510,14 @@ inline wait_slow(me, timed, stoppable, outcome) {
 proctype worker(byte me) {
     byte round = 0;
     bool timed, stoppable, ok, took, joined, run_inline, timeout_status;
-    byte outcome, seen_permits, seen_waiters, count, next, k, grantees;
+    byte outcome, seen_permits, seen_waiters, count, next, k, first, second;
     do
     :: round < ROUNDS ->
-#ifdef ANY_KIND
+#if defined(PLAIN_ONLY)
+        /* every call acquire(): the smallest space in which 4 threads and 2
+         * permits reach a hand_over that grants two waiters in one batch */
+        timed = false; stoppable = false;
+#elif defined(ANY_KIND)
         if
         :: timed = false; stoppable = false               /* acquire() */
         :: timed = true;  stoppable = false               /* try_acquire_for(d) */

@@ -197,14 +197,16 @@ TEST_CASE("stats, counts from more threads than there are stripes add up exactly
     gate_t gate(pool, 1, 0);
     bulkhead::permit holder = gate.enter();  // every try_enter below is refused
     std::latch all_alive(threads);
+    std::latch all_done(threads);
     std::vector<std::jthread> workers;
     workers.reserve(threads);
     for (int t = 0; t < threads; ++t) {
-        workers.emplace_back([&gate, &all_alive] {
-            all_alive.arrive_and_wait();  // no thread exits (and frees its stripe) before all counted
+        workers.emplace_back([&gate, &all_alive, &all_done] {
+            all_alive.arrive_and_wait();
             for (int i = 0; i < calls; ++i) {
                 (void)gate.try_enter();
             }
+            all_done.arrive_and_wait();  // no thread exits (and frees its stripe) before all counted
         });
     }
     workers.clear();

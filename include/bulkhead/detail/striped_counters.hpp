@@ -11,8 +11,14 @@
 //   claimed and returned in one process-wide 64-bit mask, lock-free.
 // - Slots 0 to 62 are exclusive: only the owning thread writes its stripe, so
 //   a bump is a plain relaxed load and store (no locked instruction).
-// - Threads beyond 63 at once share the last stripe and bump it with
-//   fetch_add, as a single shared counter would.
+// - A thread whose first count finds all 63 taken uses the last stripe, shared,
+//   with fetch_add (as a single shared counter would), for the rest of its
+//   life: slots are claimed once per thread, and a thread keeps its slot
+//   until it exits, busy or not. With more than 63 long-lived threads
+//   counting, the ones that came last share a line.
+// - One copy of the slot mask per program: built into two shared libraries
+//   with -fvisibility=hidden, each library would get its own mask (and its
+//   own slots) for the same gate; keep bulkhead's symbols visible there.
 //
 // Readers (stats()) sum the stripes with relaxed loads: every count they see
 // was really reached, and a counter never goes down. A slot's next owner
