@@ -35,9 +35,11 @@
 #include <condition_variable>
 #include <cstdint>
 #include <fstream>
+#include <latch>
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <utility>
@@ -685,6 +687,36 @@ public:
 };
 
 static_assert(bulkhead::transactional_pool<null_pool>);
+
+/// A gate (B = 1, Q = 0) over a null_pool whose one permit is held by a
+/// thread of its own (a permit is released on the thread that entered), so
+/// every call from a benchmark thread is turned away with admission_full.
+template <class Observer = bulkhead::null_observer>
+class full_gate {
+public:
+    using gate_type = bulkhead::db_bulkhead<null_pool, Observer>;
+
+    full_gate() : m_gate(m_pool, 1, 0) {
+        std::latch entered(1);
+        m_holder = std::jthread([this, &entered](const std::stop_token& stop) {
+            const bulkhead::permit held = m_gate.enter();
+            entered.count_down();
+            std::mutex mutex;
+            std::condition_variable_any until_stopped;
+            std::unique_lock lock(mutex);
+            until_stopped.wait(lock, stop, [] { return false; });
+        });
+        entered.wait();
+    }
+
+    gate_type& operator*() noexcept { return m_gate; }
+    gate_type* operator->() noexcept { return &m_gate; }
+
+private:
+    null_pool m_pool;
+    gate_type m_gate;
+    std::jthread m_holder;  // destroyed first: stops, releases its permit, joins
+};
 
 /// The callback of the gate benchmarks: touches nothing.
 inline constexpr auto do_nothing = [](null_pool::work& work) { benchmark::DoNotOptimize(&work); };

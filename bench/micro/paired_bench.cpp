@@ -128,27 +128,7 @@ BENCHMARK(gate_vs_atomic_pair)
 
 /// A gate (B = 1, Q = 0) whose one permit a thread of its own holds.
 template <class Observer = bulkhead::null_observer>
-class held_gate {
-public:
-    held_gate() : m_gate(m_pool, 1, 0) {
-        std::latch entered(1);
-        m_holder = std::jthread([this, &entered](const std::stop_token& stop) {
-            const bulkhead::permit held = m_gate.enter();
-            entered.count_down();
-            std::mutex mutex;
-            std::condition_variable_any until_stopped;
-            std::unique_lock lock(mutex);
-            until_stopped.wait(lock, stop, [] { return false; });
-        });
-        entered.wait();
-    }
-    bulkhead::db_bulkhead<bulkhead_bench::null_pool, Observer>& gate() noexcept { return m_gate; }
-
-private:
-    bulkhead_bench::null_pool m_pool;
-    bulkhead::db_bulkhead<bulkhead_bench::null_pool, Observer> m_gate;
-    std::jthread m_holder;  // destroyed first: stops, releases its permit, joins
-};
+using held_gate = bulkhead_bench::full_gate<Observer>;
 
 void reject_vs_std_try_acquire(benchmark::State& state) {
     held_gate<> full;
@@ -157,7 +137,7 @@ void reject_vs_std_try_acquire(benchmark::State& state) {
     paired(
         state, 200,
         [&] {
-            const bulkhead::result<bulkhead::permit> outcome = full.gate().try_enter();
+            const bulkhead::result<bulkhead::permit> outcome = full->try_enter();
             benchmark::DoNotOptimize(outcome);
         },
         [&] {
@@ -177,7 +157,7 @@ void transaction_reject_vs_std_try_acquire(benchmark::State& state) {
         state, 200,
         [&] {
             const bulkhead::result<void> outcome =
-                full.gate().try_transaction(std::chrono::nanoseconds(0), bulkhead_bench::do_nothing);
+                full->try_transaction(std::chrono::nanoseconds(0), bulkhead_bench::do_nothing);
             benchmark::DoNotOptimize(outcome);
         },
         [&] {
@@ -204,7 +184,7 @@ void reject_vs_counter_reject(benchmark::State& state) {
     paired(
         state, 10'000,
         [&] {
-            const bulkhead::result<bulkhead::permit> outcome = full.gate().try_enter();
+            const bulkhead::result<bulkhead::permit> outcome = full->try_enter();
             benchmark::DoNotOptimize(outcome);
         },
         [&] {
@@ -231,14 +211,14 @@ void counting_observer_vs_null(benchmark::State& state) {
     paired(
         state, 10'000,
         [&] {
-            const bulkhead::result<bulkhead::permit> outcome = observed.gate().try_enter();
+            const bulkhead::result<bulkhead::permit> outcome = observed->try_enter();
             benchmark::DoNotOptimize(outcome);
         },
         [&] {
-            const bulkhead::result<bulkhead::permit> outcome = plain.gate().try_enter();
+            const bulkhead::result<bulkhead::permit> outcome = plain->try_enter();
             benchmark::DoNotOptimize(outcome);
         });
-    benchmark::DoNotOptimize(observed.gate().observer().rejections);
+    benchmark::DoNotOptimize(observed->observer().rejections);
 }
 BENCHMARK(counting_observer_vs_null)
     ->Name("paired/gate_try_enter_reject_counting_observer_vs_null_observer")

@@ -75,32 +75,7 @@ BENCHMARK(cv_reject)->Name("reject/cv_semaphore_try_acquire")->Apply(bulkhead_be
 
 // --- the gate, full ---------------------------------------------------------------
 
-/// A gate with B = 1, Q = 0 whose one permit is held by a thread of its own
-/// (a permit is released on the thread that entered), so every call from a
-/// benchmark thread is turned away with admission_full.
-class full_gate {
-public:
-    full_gate() : m_gate(m_pool, 1, 0) {
-        std::latch entered(1);
-        m_holder = std::jthread([this, &entered](const std::stop_token& stop) {
-            const bulkhead::permit held = m_gate.enter();
-            entered.count_down();
-            std::mutex mutex;
-            std::condition_variable_any until_stopped;
-            std::unique_lock lock(mutex);
-            until_stopped.wait(lock, stop, [] { return false; });
-        });
-        entered.wait();
-    }
-
-    gate_type& operator*() noexcept { return m_gate; }
-    gate_type* operator->() noexcept { return &m_gate; }
-
-private:
-    null_pool m_pool;
-    gate_type m_gate;
-    std::jthread m_holder;  // destroyed first: stops, releases its permit, joins
-};
+using full_gate = bulkhead_bench::full_gate<>;
 
 // (Re)made by thread 0 before each run. A unique_ptr rather than an
 // optional: GCC 12 warns (-Wmaybe-uninitialized, wrongly) about a jthread

@@ -9,6 +9,8 @@
 // Nothing here prints a connection string: it holds a password.
 #pragma once
 
+#include <bulkhead/pqxx_pool.hpp>
+
 #include <libpq-fe.h>
 
 #include <map>
@@ -40,22 +42,15 @@ inline conninfo_fields parse_conninfo(const std::string& conninfo) {
     return fields;
 }
 
-/// A keyword string with every field quoted the way libpq reads it.
+/// A keyword string with every field quoted the way libpq reads it (by the
+/// pool's own quoting).
 inline std::string format_conninfo(const conninfo_fields& fields) {
     std::string text;
     for (const auto& [keyword, value] : fields) {
         if (!text.empty()) {
             text += ' ';
         }
-        text += keyword;
-        text += "='";
-        for (const char c : value) {
-            if (c == '\\' || c == '\'') {
-                text += '\\';
-            }
-            text += c;
-        }
-        text += '\'';
+        text.append(keyword).append("=").append(bulkhead::detail::quote_keyword_value(value));
     }
     return text;
 }
