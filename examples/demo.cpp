@@ -112,7 +112,7 @@ int main() {
         auto go_on = release.get_future().share();
         auto first = std::async(std::launch::async, [&] {
             return gate.transaction(0ms, [&](pqxx::dbtransaction& tx) {
-                const int value = tx.exec1("SELECT 42")[0].as<int>();
+                const int value = tx.exec("SELECT 42")[0][0].as<int>();
                 entered.set_value();
                 if (go_on.wait_for(5s) != std::future_status::ready) {
                     throw std::runtime_error("demo coordination timed out");

@@ -31,11 +31,11 @@ int main() {
         bulkhead::db_bulkhead gate(pool, /*concurrent=*/2, /*extra_slots=*/2);
 
         gate.transaction(1s, [](pqxx::dbtransaction& tx) {
-            tx.exec0(
+            tx.exec(
                 "CREATE TABLE IF NOT EXISTS bulkhead_orders ("
                 " id bigserial PRIMARY KEY, worker int NOT NULL, item text NOT NULL,"
                 " quantity int NOT NULL CHECK (quantity > 0), created timestamptz NOT NULL DEFAULT now())");
-            tx.exec0("TRUNCATE bulkhead_orders");
+            tx.exec("TRUNCATE bulkhead_orders");
         });
 
         constexpr int workers = 8;
@@ -48,11 +48,12 @@ int main() {
             threads.emplace_back([&, worker] {
                 for (int n = 0; n < orders_per_worker; ++n) {
                     auto outcome = gate.try_transaction(5ms, [&](pqxx::dbtransaction& tx) {
+                        // tx.quote and exec(string) are spelled the same in libpqxx 6 and 7;
+                        // a parameterised statement is not (exec_params in 6, exec(sql, pqxx::params) in 7).
                         return tx
-                            .exec_params1(
-                                "INSERT INTO bulkhead_orders(worker, item, quantity)"
-                                " VALUES ($1, $2, $3) RETURNING id",
-                                worker, "item-" + std::to_string(n), 1 + n % 5)[0]
+                            .exec("INSERT INTO bulkhead_orders(worker, item, quantity) VALUES (" +
+                                  std::to_string(worker) + ", " + tx.quote("item-" + std::to_string(n)) + ", " +
+                                  std::to_string(1 + n % 5) + ") RETURNING id")[0][0]
                             .as<long>();
                     });
                     if (outcome) {
@@ -65,8 +66,9 @@ int main() {
         }
         threads.clear();  // joins
 
-        const long rows = gate.transaction(
-            1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT count(*) FROM bulkhead_orders")[0].as<long>(); });
+        const long rows = gate.transaction(1s, [](pqxx::dbtransaction& tx) {
+            return tx.exec("SELECT count(*) FROM bulkhead_orders")[0][0].as<long>();
+        });
         long refused = 0;
         std::cout << "attempted=" << workers * orders_per_worker << " committed=" << committed << '\n';
         for (std::size_t reason = 0; reason < rejected.size(); ++reason) {

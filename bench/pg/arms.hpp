@@ -79,29 +79,29 @@ inline void prepare_database(const std::string& conninfo) {
     pqxx::connection connection(with_field(conninfo, "application_name", bench_application_name));
     {
         pqxx::work tx(connection);
-        tx.exec0("DROP TABLE IF EXISTS bench_accounts");
-        tx.exec0("CREATE TABLE bench_accounts (id integer PRIMARY KEY, balance bigint NOT NULL)");
-        tx.exec0("INSERT INTO bench_accounts SELECT g, 0 FROM generate_series(1, " + std::to_string(account_rows) +
-                 ") AS g");
+        tx.exec("DROP TABLE IF EXISTS bench_accounts");
+        tx.exec("CREATE TABLE bench_accounts (id integer PRIMARY KEY, balance bigint NOT NULL)");
+        tx.exec("INSERT INTO bench_accounts SELECT g, 0 FROM generate_series(1, " + std::to_string(account_rows) +
+                ") AS g");
         tx.commit();
     }
     pqxx::nontransaction tx(connection);
-    tx.exec0("VACUUM ANALYZE bench_accounts");
+    tx.exec("VACUUM ANALYZE bench_accounts");
 }
 
 /// Runs one call's statements in `tx`; returns a value read from the server.
 inline long run_statements(pqxx::transaction_base& tx, workload kind, std::mt19937_64& random) {
     switch (kind) {
         case workload::select1:
-            return tx.exec1("SELECT 1")[0].as<long>();
+            return tx.exec("SELECT 1")[0][0].as<long>();
         case workload::read_write: {
             std::uniform_int_distribution<int> row(1, account_rows);
-            tx.exec0("UPDATE bench_accounts SET balance = balance + 1 WHERE id = " + std::to_string(row(random)));
-            return tx.exec1("SELECT balance FROM bench_accounts WHERE id = " + std::to_string(row(random)))[0]
+            tx.exec("UPDATE bench_accounts SET balance = balance + 1 WHERE id = " + std::to_string(row(random)));
+            return tx.exec("SELECT balance FROM bench_accounts WHERE id = " + std::to_string(row(random)))[0][0]
                 .as<long>();
         }
         case workload::sleep:
-            (void)tx.exec1("SELECT pg_sleep(0.002)");
+            (void)tx.exec("SELECT pg_sleep(0.002)");
             return 0;
     }
     return 0;

@@ -150,7 +150,7 @@ public:
         {
             pqxx::connection probe(with_field(conninfo, "application_name", bench_application_name));
             pqxx::nontransaction tx(probe);
-            m_database = tx.exec1("SELECT current_database()")[0].as<std::string>();
+            m_database = tx.exec("SELECT current_database()")[0][0].as<std::string>();
         }
         try {
             m_connection = std::make_unique<pqxx::connection>(with_field(conninfo, "dbname", "postgres"));
@@ -164,7 +164,7 @@ public:
     /// by the backends: exact once they have exited).
     [[nodiscard]] std::int64_t committed() {
         pqxx::nontransaction tx(*m_connection);
-        return tx.exec1("SELECT xact_commit FROM pg_stat_database WHERE datname = " + tx.quote(m_database))[0]
+        return tx.exec("SELECT xact_commit FROM pg_stat_database WHERE datname = " + tx.quote(m_database))[0][0]
             .as<std::int64_t>();
     }
 
@@ -182,8 +182,8 @@ public:
         const clock::time_point give_up = clock::now() + 10s;
         while (clock::now() < give_up) {
             pqxx::nontransaction tx(*m_connection);
-            const auto left = tx.exec1(std::string("SELECT count(*) FROM pg_stat_activity WHERE application_name = ") +
-                                       tx.quote(bench_application_name))[0]
+            const auto left = tx.exec(std::string("SELECT count(*) FROM pg_stat_activity WHERE application_name = ") +
+                                      tx.quote(bench_application_name))[0][0]
                                   .as<long>();
             if (left == 0) {
                 std::this_thread::sleep_for(20ms);
@@ -861,7 +861,7 @@ int run(const settings& config) {
     {
         pqxx::connection connection(with_field(config.conninfo, "application_name", bench_application_name));
         pqxx::nontransaction tx(connection);
-        server_version = tx.exec1("SHOW server_version")[0].as<std::string>();
+        server_version = tx.exec("SHOW server_version")[0][0].as<std::string>();
     }
     monitor.wait_for_backends_to_exit();  // the setup's transactions must not count in the first run
     const std::string load_before = load_average();

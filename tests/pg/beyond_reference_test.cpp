@@ -2,9 +2,10 @@
 // one deadline bounding every stage, cancellation that reaches the server,
 // and COMMIT outcomes that are settled instead of guessed.
 #include "pg_helpers.hpp"
+#include "pqxx_compat.hpp"
 #include "tcp_proxy.hpp"
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <future>
 #include <latch>
@@ -125,8 +126,9 @@ TEST_CASE("the deadline bounds the work through statement_timeout, and says it w
         try {
             gate.transaction({.deadline = clock_type::now() + 300ms}, [&](pqxx::dbtransaction& tx) {
                 seen_timeout_ms =
-                    tx.exec1("SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'")[0].as<long>();
-                tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
+                    exec_one_row(tx, "SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'")[0]
+                        .as<long>();
+                exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
                 tx.exec("SELECT pg_sleep(5)");
             });
             FAIL("no exception");
@@ -141,7 +143,8 @@ TEST_CASE("the deadline bounds the work through statement_timeout, and says it w
     CHECK(table.rows() == 0);
     // The same connection serves the next call, with the server's default statement_timeout again.
     CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) {
-        return tx.exec1("SELECT setting FROM pg_settings WHERE name = 'statement_timeout'")[0].as<std::string>();
+        return exec_one_row(tx, "SELECT setting FROM pg_settings WHERE name = 'statement_timeout'")[0]
+            .as<std::string>();
     }) == "0");
     CHECK(pool.size() == 1);
 }
@@ -162,19 +165,20 @@ TEST_CASE("with deadline_sets_lock_timeout the deadline bounds lock waits too", 
     auto setup = outside_connection();
     {
         pqxx::work tx(setup);
-        tx.exec0("INSERT INTO " + table.name() + " VALUES (1, 0)");
+        exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1, 0)");
         tx.commit();
     }
     bulkhead::pqxx_pool pool(pool_options("bulkhead-deadline-lock", 1));
     gate_t gate(pool, 1, 0);
     pqxx::work lock_holder(setup);
-    lock_holder.exec1("SELECT v FROM " + table.name() + " WHERE id = 1 FOR UPDATE");
+    exec_one_row(lock_holder, "SELECT v FROM " + table.name() + " WHERE id = 1 FOR UPDATE");
     gate_t::options call{.deadline = clock_type::now() + 250ms};
     call.transaction.deadline_sets_lock_timeout = true;
     const auto elapsed = time_of([&] {
         try {
-            gate.transaction(
-                call, [&](pqxx::dbtransaction& tx) { tx.exec0("UPDATE " + table.name() + " SET v = 1 WHERE id = 1"); });
+            gate.transaction(call, [&](pqxx::dbtransaction& tx) {
+                exec_no_rows(tx, "UPDATE " + table.name() + " SET v = 1 WHERE id = 1");
+            });
             FAIL("no exception");
         } catch (const bulkhead::work_deadline_exceeded& exceeded) {
             const auto state = sqlstate_of([&] { std::rethrow_if_nested(exceeded); });
@@ -197,7 +201,7 @@ TEST_CASE("a stop request during pg_sleep(10) cancels the statement on the serve
     int pid = 0;
     auto call = std::async(std::launch::async, [&] {
         gate.transaction({.stop = source.get_token()}, [&](pqxx::dbtransaction& tx) {
-            pid = tx.exec1("SELECT pg_backend_pid()")[0].as<int>();
+            pid = exec_one_row(tx, "SELECT pg_backend_pid()")[0].as<int>();
             started.count_down();
             tx.exec("SELECT pg_sleep(10)");
         });
@@ -223,8 +227,8 @@ TEST_CASE("a stop request during pg_sleep(10) cancels the statement on the serve
     CHECK(scalar<std::string>(monitor, "SELECT state FROM pg_stat_activity WHERE pid = " + std::to_string(pid)) ==
           "idle");
     CHECK(pool.idle() == 1);
-    const int again =
-        gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT pg_backend_pid()")[0].as<int>(); });
+    const int again = gate.transaction(
+        1s, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT pg_backend_pid()")[0].as<int>(); });
     CHECK(again == pid);  // the same, healthy connection
 }
 
@@ -237,7 +241,7 @@ TEST_CASE("a COMMIT whose answer is lost after the server committed returns the 
     gate_t gate(pool, 1, 0);
     proxy.arm(tcp_proxy::cut::drop_after_commit);
     const int value = gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
-        tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
+        exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
         return 42;
     });
     CHECK(proxy.cuts() == 1);  // the answer to COMMIT really was lost
@@ -255,17 +259,17 @@ TEST_CASE("a COMMIT lost before it reached the server fails after the rollback i
     proxy.arm(tcp_proxy::cut::drop_before_commit);
     try {
         gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
-            tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
+            exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
             return 1;
         });
         FAIL("no exception");
     } catch (const pqxx::broken_connection& lost) {
-        CHECK_THAT(lost.what(), Catch::Contains("confirms the transaction was rolled back"));
+        CHECK_THAT(lost.what(), Catch::Matchers::ContainsSubstring("confirms the transaction was rolled back"));
     }
     CHECK(proxy.cuts() == 1);
     CHECK(table.rows() == 0);
     CHECK(gate.available() == 1);
-    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT 2")[0].as<int>(); }) == 2);
+    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT 2")[0].as<int>(); }) == 2);
 }
 
 TEST_CASE("commit_unknown only when the outcome cannot be read back, never a silent retry", "[pg][commit]") {
@@ -282,7 +286,7 @@ TEST_CASE("commit_unknown only when the outcome cannot be read back, never a sil
     try {
         gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
             ++runs;
-            tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
+            exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
         });
         FAIL("no exception");
     } catch (const bulkhead::commit_unknown& unknown) {
@@ -298,8 +302,9 @@ TEST_CASE("the transaction id is read with BEGIN for read-write work only, never
     bulkhead::pqxx_pool pool(pool_options("bulkhead-commit-txid", 1));
     gate_t gate(pool, 1, 0);
     auto assigned = [&](const gate_t::options& call) {
-        return gate.transaction(
-            call, [](pqxx::dbtransaction& tx) { return !tx.exec1("SELECT txid_current_if_assigned()")[0].is_null(); });
+        return gate.transaction(call, [](pqxx::dbtransaction& tx) {
+            return !exec_one_row(tx, "SELECT txid_current_if_assigned()")[0].is_null();
+        });
     };
     gate_t::options read_write{};
     gate_t::options read_only{};
@@ -322,7 +327,7 @@ TEST_CASE("a commit after a caught SQL error sends no COMMIT and fails with 25P0
     const int commits_before = proxy.commits();
     try {
         gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
-            tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
+            exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
             try {
                 tx.exec("SELECT 1/0");
             } catch (const pqxx::sql_error&) {
@@ -337,7 +342,8 @@ TEST_CASE("a commit after a caught SQL error sends no COMMIT and fails with 25P0
     CHECK(proxy.commits() == commits_before);  // libpq's status said INERROR: COMMIT never went out
     CHECK(table.rows() == 0);
     CHECK(pool.size() == 1);  // rolled back by the gate, and kept
-    gate.transaction(1s, [&](pqxx::dbtransaction& tx) { tx.exec0("INSERT INTO " + table.name() + " VALUES (2)"); });
+    gate.transaction(1s,
+                     [&](pqxx::dbtransaction& tx) { exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (2)"); });
     CHECK(proxy.commits() == commits_before + 1);
     CHECK(table.rows() == 1);
 }

@@ -1,7 +1,8 @@
 // Contract section B: transactions, against a real PostgreSQL.
 #include "pg_helpers.hpp"
+#include "pqxx_compat.hpp"
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <stdexcept>
 #include <string>
@@ -16,15 +17,15 @@ TEST_CASE("[B1] the callback runs inside one transaction on one pooled connectio
     auto monitor = outside_connection();
 
     const auto seen = gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
-        const int pid = tx.exec1("SELECT pg_backend_pid()")[0].as<int>();
-        tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
+        const int pid = exec_one_row(tx, "SELECT pg_backend_pid()")[0].as<int>();
+        exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
         // Inside a transaction block: the server says so, and the write is not yet visible outside.
-        const auto in_block = tx.exec1(
-                                    "SELECT count(*) FROM pg_stat_activity WHERE pid = pg_backend_pid() "
-                                    "AND backend_xid IS NOT NULL")[0]
+        const auto in_block = exec_one_row(tx,
+                                           "SELECT count(*) FROM pg_stat_activity WHERE pid = pg_backend_pid() "
+                                           "AND backend_xid IS NOT NULL")[0]
                                   .as<long>();
         const long outside_rows = scalar<long>(monitor, "SELECT count(*) FROM " + table.name());
-        return std::tuple{pid, tx.exec1("SELECT pg_backend_pid()")[0].as<int>(), in_block, outside_rows};
+        return std::tuple{pid, exec_one_row(tx, "SELECT pg_backend_pid()")[0].as<int>(), in_block, outside_rows};
     });
     CHECK(std::get<0>(seen) == std::get<1>(seen));  // one connection
     CHECK(std::get<2>(seen) == 1);                  // a transaction id was assigned: one transaction
@@ -39,7 +40,7 @@ TEST_CASE("[B2] the caller gets the value only after commit and after the connec
     gate_t gate(pool, 1, 0);
     std::size_t in_use_inside = 0;
     const int value = gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
-        tx.exec0("INSERT INTO " + table.name() + " VALUES (7)");
+        exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (7)");
         in_use_inside = pool.in_use();
         return 7;
     });
@@ -60,7 +61,7 @@ TEST_CASE("[B3] a callback that throws rolls back and the caller gets the same e
     };
     try {
         gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
-            tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
+            exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
             throw domain_error_type{42};
         });
         FAIL("no exception");
@@ -69,7 +70,7 @@ TEST_CASE("[B3] a callback that throws rolls back and the caller gets the same e
     }
     CHECK_THROWS_AS(gate.transaction(1s,
                                      [&](pqxx::dbtransaction& tx) {
-                                         tx.exec0("INSERT INTO " + table.name() + " VALUES (2)");
+                                         exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (2)");
                                          throw std::out_of_range("callback");
                                      }),
                     std::out_of_range);
@@ -84,17 +85,18 @@ TEST_CASE("[B4] an SQL error in the callback rolls back and reaches the caller w
     gate_t gate(pool, 1, 0);
     const auto unique_violation = sqlstate_of([&] {
         gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
-            tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
-            tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
+            exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
+            exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
         });
     });
     CHECK(unique_violation == "23505");
-    CHECK(sqlstate_of([&] { gate.transaction(1s, [](pqxx::dbtransaction& tx) { tx.exec1("SELECT 1/0"); }); }) ==
+    CHECK(sqlstate_of([&] { gate.transaction(1s, [](pqxx::dbtransaction& tx) { exec_one_row(tx, "SELECT 1/0"); }); }) ==
           "22012");
-    CHECK_THROWS_AS(gate.transaction(1s, [](pqxx::dbtransaction& tx) { tx.exec0("SELEKT 1"); }), pqxx::syntax_error);
+    CHECK_THROWS_AS(gate.transaction(1s, [](pqxx::dbtransaction& tx) { exec_no_rows(tx, "SELEKT 1"); }),
+                    pqxx::syntax_error);
     CHECK(table.rows() == 0);
     // The connection is healthy afterwards.
-    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT 5")[0].as<int>(); }) == 5);
+    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT 5")[0].as<int>(); }) == 5);
     CHECK(pool.size() == 1);
 }
 
@@ -108,8 +110,8 @@ TEST_CASE("[B5] a commit that fails leaves nothing committed, releases the permi
     // The statements succeed; the deferred foreign key fails only at COMMIT.
     const auto state = sqlstate_of([&] {
         gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
-            tx.exec0("INSERT INTO " + child.name() + " VALUES (1, 99)");
-            tx.exec0("INSERT INTO " + parent.name() + " VALUES (5)");
+            exec_no_rows(tx, "INSERT INTO " + child.name() + " VALUES (1, 99)");
+            exec_no_rows(tx, "INSERT INTO " + parent.name() + " VALUES (5)");
         });
     });
     CHECK(state == "23503");
@@ -118,7 +120,8 @@ TEST_CASE("[B5] a commit that fails leaves nothing committed, releases the permi
     CHECK(gate.available() == 1);
     CHECK(gate.available_slots() == 1);
     CHECK(pool.in_use() == 0);
-    gate.transaction(1s, [&](pqxx::dbtransaction& tx) { tx.exec0("INSERT INTO " + parent.name() + " VALUES (5)"); });
+    gate.transaction(
+        1s, [&](pqxx::dbtransaction& tx) { exec_no_rows(tx, "INSERT INTO " + parent.name() + " VALUES (5)"); });
     CHECK(parent.rows() == 1);
 }
 
@@ -132,7 +135,7 @@ TEST_CASE(
     int first_pid = 0;
     CHECK_THROWS_WITH(gate.transaction(1s,
                                        [&](pqxx::dbtransaction& tx) {
-                                           first_pid = tx.exec1("SELECT pg_backend_pid()")[0].as<int>();
+                                           first_pid = exec_one_row(tx, "SELECT pg_backend_pid()")[0].as<int>();
                                            terminate_backend(monitor, first_pid);  // the server connection dies
                                            throw std::runtime_error("original failure");
                                        }),
@@ -140,8 +143,8 @@ TEST_CASE(
     CHECK(gate.observer().rollback_failures == 1);
     CHECK(pool.in_use() == 0);
     CHECK(pool.size() == 0);  // discarded, not kept
-    const int next_pid =
-        gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT pg_backend_pid()")[0].as<int>(); });
+    const int next_pid = gate.transaction(
+        1s, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT pg_backend_pid()")[0].as<int>(); });
     CHECK(next_pid != first_pid);
     CHECK(gate.available() == 1);
 }
@@ -153,15 +156,15 @@ TEST_CASE("[B7] a connection that broke during the call is discarded, the next c
     int first_pid = 0;
     CHECK_THROWS_AS(gate.transaction(1s,
                                      [&](pqxx::dbtransaction& tx) {
-                                         first_pid = tx.exec1("SELECT pg_backend_pid()")[0].as<int>();
+                                         first_pid = exec_one_row(tx, "SELECT pg_backend_pid()")[0].as<int>();
                                          terminate_backend(monitor, first_pid);
-                                         tx.exec1("SELECT 1");  // fails: the connection is gone
+                                         exec_one_row(tx, "SELECT 1");  // fails: the connection is gone
                                      }),
                     pqxx::broken_connection);
     CHECK(pool.in_use() == 0);
     CHECK(pool.size() == 0);
-    const int next_pid =
-        gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT pg_backend_pid()")[0].as<int>(); });
+    const int next_pid = gate.transaction(
+        1s, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT pg_backend_pid()")[0].as<int>(); });
     CHECK(next_pid != first_pid);
     CHECK(pool.size() == 1);
 }
@@ -172,13 +175,13 @@ TEST_CASE("[B8] committing or rolling back inside the callback is refused, then 
     gate_t gate(pool, 1, 0);
     CHECK_THROWS_AS(gate.transaction(1s,
                                      [&](pqxx::dbtransaction& tx) {
-                                         tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
+                                         exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
                                          tx.commit();
                                      }),
                     std::logic_error);
     CHECK_THROWS_AS(gate.transaction(1s,
                                      [&](pqxx::dbtransaction& tx) {
-                                         tx.exec0("INSERT INTO " + table.name() + " VALUES (2)");
+                                         exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (2)");
                                          tx.abort();
                                      }),
                     std::logic_error);
@@ -193,9 +196,10 @@ TEST_CASE("[B9] a committed write is visible from another connection, a rolled-b
     scratch_table table("bulkhead_b9", "id int PRIMARY KEY");
     bulkhead::pqxx_pool pool(pool_options("bulkhead-b9"));
     gate_t gate(pool, 1, 0);
-    gate.transaction(1s, [&](pqxx::dbtransaction& tx) { tx.exec0("INSERT INTO " + table.name() + " VALUES (1)"); });
+    gate.transaction(1s,
+                     [&](pqxx::dbtransaction& tx) { exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)"); });
     CHECK_THROWS(gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
-        tx.exec0("INSERT INTO " + table.name() + " VALUES (2)");
+        exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (2)");
         throw std::runtime_error("undo");
     }));
     auto other = outside_connection();
@@ -208,9 +212,9 @@ TEST_CASE("[B10] statements in one callback see one now() and one transaction id
     bulkhead::pqxx_pool pool(pool_options("bulkhead-b10"));
     gate_t gate(pool, 1, 0);
     gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
-        tx.exec0("INSERT INTO " + table.name() + " VALUES (1, now(), txid_current())");
+        exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1, now(), txid_current())");
         tx.exec("SELECT pg_sleep(0.02)");
-        tx.exec0("INSERT INTO " + table.name() + " VALUES (2, now(), txid_current())");
+        exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (2, now(), txid_current())");
     });
     auto other = outside_connection();
     CHECK(scalar<long>(other, "SELECT count(DISTINCT at) FROM " + table.name()) == 1);

@@ -1,7 +1,8 @@
 // Contract section C: timeouts, cancellation and the pool, against a real PostgreSQL.
 #include "pg_helpers.hpp"
+#include "pqxx_compat.hpp"
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <future>
 #include <latch>
@@ -16,8 +17,8 @@ using gate_t = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
 namespace {
 
 int backend_pid(gate_t& gate) {
-    return gate.transaction(1s,
-                            [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT pg_backend_pid()")[0].as<int>(); });
+    return gate.transaction(
+        1s, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT pg_backend_pid()")[0].as<int>(); });
 }
 
 }  // namespace
@@ -29,8 +30,8 @@ TEST_CASE("[C1] a server-side statement timeout fails with 57014, rolls back and
     const auto start = std::chrono::steady_clock::now();
     const auto state = sqlstate_of([&] {
         gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
-            tx.exec0("INSERT INTO " + table.name() + " VALUES (1)");
-            tx.exec0("SET LOCAL statement_timeout = '100ms'");
+            exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
+            exec_no_rows(tx, "SET LOCAL statement_timeout = '100ms'");
             tx.exec("SELECT pg_sleep(2)");
         });
     });
@@ -40,7 +41,7 @@ TEST_CASE("[C1] a server-side statement timeout fails with 57014, rolls back and
     CHECK(gate.available() == 1);
     CHECK(gate.available_slots() == 1);
     // The same pool (one connection) serves the next call.
-    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT 1")[0].as<int>(); }) == 1);
+    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT 1")[0].as<int>(); }) == 1);
     CHECK(pool.in_use() == 0);
 }
 
@@ -49,7 +50,7 @@ TEST_CASE("[C2] a lock timeout fails with 55P03, rolls back and the pool recover
     {
         auto setup = outside_connection();
         pqxx::work tx(setup);
-        tx.exec0("INSERT INTO " + table.name() + " VALUES (1, 0)");
+        exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1, 0)");
         tx.commit();
     }
     bulkhead::pqxx_pool pool(pool_options("bulkhead-c2", 1));
@@ -57,19 +58,19 @@ TEST_CASE("[C2] a lock timeout fails with 55P03, rolls back and the pool recover
     auto locker = outside_connection();
     {
         pqxx::work lock_tx(locker);
-        lock_tx.exec1("SELECT v FROM " + table.name() + " WHERE id = 1 FOR UPDATE");
+        exec_one_row(lock_tx, "SELECT v FROM " + table.name() + " WHERE id = 1 FOR UPDATE");
         const auto state = sqlstate_of([&] {
             gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
-                tx.exec0("SET LOCAL lock_timeout = '100ms'");
-                tx.exec0("UPDATE " + table.name() + " SET v = 1 WHERE id = 1");
+                exec_no_rows(tx, "SET LOCAL lock_timeout = '100ms'");
+                exec_no_rows(tx, "UPDATE " + table.name() + " SET v = 1 WHERE id = 1");
             });
         });
         CHECK(state == "55P03");
         CHECK(gate.available() == 1);
         lock_tx.abort();
     }
-    gate.transaction(1s,
-                     [&](pqxx::dbtransaction& tx) { tx.exec0("UPDATE " + table.name() + " SET v = 2 WHERE id = 1"); });
+    gate.transaction(
+        1s, [&](pqxx::dbtransaction& tx) { exec_no_rows(tx, "UPDATE " + table.name() + " SET v = 2 WHERE id = 1"); });
     CHECK(table.rows("v = 2") == 1);
     CHECK(pool.in_use() == 0);
 }
@@ -84,7 +85,7 @@ TEST_CASE("[C3] a caller that stops waiting for the result does not free the per
         return gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
             running.count_down();
             finish_signal.wait();
-            return tx.exec1("SELECT 3")[0].as<int>();
+            return exec_one_row(tx, "SELECT 3")[0].as<int>();
         });
     });
     running.wait();
@@ -118,18 +119,18 @@ TEST_CASE("[C4] pool exhaustion by callers outside the gate ends in pool_timeout
         CHECK(gate.available() == 2);  // the permits came back
         CHECK(gate.available_slots() == 2);
     }
-    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT 4")[0].as<int>(); }) == 4);
+    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT 4")[0].as<int>(); }) == 4);
 }
 
 TEST_CASE("[C5] connection and validation timeouts under 250 ms are refused", "[pg][C5]") {
     auto options = pool_options("bulkhead-c5");
     options.connection_timeout = 249ms;
     CHECK_THROWS_AS(bulkhead::pqxx_pool(options), std::invalid_argument);
-    CHECK_THROWS_WITH(bulkhead::pqxx_pool(options), Catch::Contains("connection_timeout"));
+    CHECK_THROWS_WITH(bulkhead::pqxx_pool(options), Catch::Matchers::ContainsSubstring("connection_timeout"));
     options = pool_options("bulkhead-c5");
     options.validation_timeout = 100ms;
     CHECK_THROWS_AS(bulkhead::pqxx_pool(options), std::invalid_argument);
-    CHECK_THROWS_WITH(bulkhead::pqxx_pool(options), Catch::Contains("validation_timeout"));
+    CHECK_THROWS_WITH(bulkhead::pqxx_pool(options), Catch::Matchers::ContainsSubstring("validation_timeout"));
     options = pool_options("bulkhead-c5");
     options.connection_timeout = 250ms;
     options.validation_timeout = 250ms;
@@ -205,12 +206,12 @@ TEST_CASE("[C8] with the server down acquiring fails clearly without the passwor
                               .validate_after_idle = 0ms,
                               .application_name = "bulkhead-c8"});
     gate_t gate(pool, 2, 0);
-    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT 8")[0].as<int>(); }) == 8);
+    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT 8")[0].as<int>(); }) == 8);
 
     cluster.stop_server();
     std::string message;
     try {
-        gate.transaction(1s, [](pqxx::dbtransaction& tx) { tx.exec1("SELECT 1"); });
+        gate.transaction(1s, [](pqxx::dbtransaction& tx) { exec_one_row(tx, "SELECT 1"); });
     } catch (const bulkhead::pool_timeout& failure) {
         message = failure.what();
     }
@@ -222,8 +223,8 @@ TEST_CASE("[C8] with the server down acquiring fails clearly without the passwor
 
     cluster.start_server();
     int value = 0;
-    CHECK_NOTHROW(value =
-                      gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT 9")[0].as<int>(); }));
+    CHECK_NOTHROW(value = gate.transaction(
+                      1s, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT 9")[0].as<int>(); }));
     CHECK(value == 9);
     CHECK(pool.in_use() == 0);
 }
@@ -262,23 +263,23 @@ TEST_CASE("[C9] after 1,000 calls failing in every way, mixed, the gate and the 
                                 case 0:
                                     throw std::runtime_error("callback failure");
                                 case 1:
-                                    tx.exec1("SELECT 1/0");
+                                    exec_one_row(tx, "SELECT 1/0");
                                     break;
                                 case 2:
-                                    tx.exec0("SET LOCAL statement_timeout = '5ms'");
+                                    exec_no_rows(tx, "SET LOCAL statement_timeout = '5ms'");
                                     tx.exec("SELECT pg_sleep(0.05)");
                                     break;
                                 case 3:
-                                    tx.exec0("INSERT INTO " + child.name() + "(parent) VALUES (-1)");
+                                    exec_no_rows(tx, "INSERT INTO " + child.name() + "(parent) VALUES (-1)");
                                     break;
                                 case 4:
                                     tx.commit();
                                     break;
                                 case 5:
-                                    tx.exec0("SELEKT");
+                                    exec_no_rows(tx, "SELEKT");
                                     break;
                                 default:
-                                    tx.exec1("SELECT 1");
+                                    exec_one_row(tx, "SELECT 1");
                                     break;
                             }
                             return kind;
@@ -305,7 +306,8 @@ TEST_CASE("[C9] after 1,000 calls failing in every way, mixed, the gate and the 
     CHECK(sessions(monitor, "bulkhead-c9", "idle in transaction") == 0);
     CHECK(sessions(monitor, "bulkhead-c9", "active") == 0);
     // And it still works.
-    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT 10")[0].as<int>(); }) == 10);
+    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT 10")[0].as<int>(); }) ==
+          10);
 }
 
 TEST_CASE("[C10] server-side concurrency through one gate never exceeds B under 64 threads", "[pg][C10][stress]") {

@@ -1,7 +1,7 @@
 // Contract section D: the demo, run as a user would run it.
 #include "pg_test_database.hpp"
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <sys/wait.h>
 

@@ -1,7 +1,7 @@
 // The examples, run as a user would run them against the suite's server.
 #include "pg_test_database.hpp"
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -69,8 +69,8 @@ TEST_CASE("examples/orders writes through one gate from several threads and ends
     }
     const int status = ::pclose(pipe);
     INFO(output);
-    CHECK_THAT(output, Catch::Contains("consistent\n"));
-    CHECK_THAT(output, Catch::Contains("attempted=1600"));
+    CHECK_THAT(output, Catch::Matchers::ContainsSubstring("consistent\n"));
+    CHECK_THAT(output, Catch::Matchers::ContainsSubstring("attempted=1600"));
     REQUIRE(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
 }
@@ -96,8 +96,9 @@ TEST_CASE("examples/metrics_server serves an exposition that passes the format c
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
     INFO(rest);
-    CHECK_THAT(body, Catch::Contains("bulkhead_completed_total{gate=\"metrics-demo\"}"));
-    CHECK_THAT(body, Catch::Contains("bulkhead_pool_connections{pool=\"metrics-demo\",state=\"in_use\"}"));
+    CHECK_THAT(body, Catch::Matchers::ContainsSubstring("bulkhead_completed_total{gate=\"metrics-demo\"}"));
+    CHECK_THAT(body,
+               Catch::Matchers::ContainsSubstring("bulkhead_pool_connections{pool=\"metrics-demo\",state=\"in_use\"}"));
 
     const auto path = std::filesystem::temp_directory_path() / "bulkhead-metrics-server.txt";
     std::ofstream(path) << body;

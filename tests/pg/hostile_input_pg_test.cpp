@@ -4,8 +4,9 @@
 // exception that names the problem, with nothing opened or held afterwards,
 // and no password, in any spelling, in any message.
 #include "pg_helpers.hpp"
+#include "pqxx_compat.hpp"
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <climits>
 #include <cstddef>
@@ -62,9 +63,9 @@ bulkhead::pqxx_pool_options nowhere(std::string conninfo) {
 void check_no_secret(const std::string& message, const std::vector<std::string>& secrets) {
     INFO("message: " << message);
     for (const std::string& secret : secrets) {
-        CHECK_THAT(message, !Catch::Contains(secret));
+        CHECK_THAT(message, !Catch::Matchers::ContainsSubstring(secret));
     }
-    CHECK_THAT(message, !Catch::Contains("S3cret"));
+    CHECK_THAT(message, !Catch::Matchers::ContainsSubstring("S3cret"));
 }
 
 }  // namespace
@@ -121,8 +122,8 @@ TEST_CASE("hostile, unsatisfiable pool options are refused, naming the field and
             FAIL("accepted: " << bad.what);
         } catch (const std::invalid_argument& refused) {
             const std::string message = refused.what();
-            CHECK_THAT(message, Catch::StartsWith("bulkhead::pqxx_pool: "));
-            CHECK_THAT(message, Catch::Contains(bad.message));
+            CHECK_THAT(message, Catch::Matchers::StartsWith("bulkhead::pqxx_pool: "));
+            CHECK_THAT(message, Catch::Matchers::ContainsSubstring(bad.message));
             check_no_secret(message, {secret});
         }
     }
@@ -134,7 +135,7 @@ TEST_CASE("hostile, unreachable hosts end in pool_timeout naming the connection 
           "[pg][hostile][pool][C8]") {
     for (const secret_conninfo& target : unreachable_with_passwords()) {
         INFO("conninfo (redacted): " << bulkhead::redact_conninfo(target.conninfo));
-        CHECK_THAT(bulkhead::redact_conninfo(target.conninfo), !Catch::Contains("S3cret"));
+        CHECK_THAT(bulkhead::redact_conninfo(target.conninfo), !Catch::Matchers::ContainsSubstring("S3cret"));
         bulkhead::pqxx_pool pool(nowhere(target.conninfo));
         gate_t gate(pool, 1, 1);
         // The pool directly.
@@ -143,14 +144,15 @@ TEST_CASE("hostile, unreachable hosts end in pool_timeout naming the connection 
             FAIL("connected to 127.0.0.1:1");
         } catch (const bulkhead::pool_timeout& timeout) {
             const std::string message = timeout.what();
-            CHECK_THAT(message, Catch::StartsWith("db pool: no connection within 250 ms"));
-            CHECK_THAT(message, Catch::Contains("last connection error:"));
-            CHECK_THAT(message, Catch::Contains("127.0.0.1"));
+            CHECK_THAT(message, Catch::Matchers::StartsWith("db pool: no connection within 250 ms"));
+            CHECK_THAT(message, Catch::Matchers::ContainsSubstring("last connection error:"));
+            CHECK_THAT(message, Catch::Matchers::ContainsSubstring("127.0.0.1"));
             check_no_secret(message, target.secrets);
         }
         // Through the gate: a rejection, permits back.
         try {
-            (void)gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT 1")[0].as<int>(); });
+            (void)gate.transaction(1s,
+                                   [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT 1")[0].as<int>(); });
             FAIL("the gate's call connected to 127.0.0.1:1");
         } catch (const bulkhead::pool_timeout& timeout) {
             check_no_secret(timeout.what(), target.secrets);
@@ -195,9 +197,9 @@ TEST_CASE("hostile, malformed connection strings are refused by the constructor 
         } catch (const std::invalid_argument& refused) {
             const std::string message = refused.what();
             INFO("message: " << message);
-            CHECK_THAT(message, Catch::StartsWith("bulkhead::pqxx_pool: conninfo is malformed: "));
-            CHECK_THAT(message, Catch::Contains(bad.complaint));
-            CHECK_THAT(message, !Catch::Contains("s3cret"));
+            CHECK_THAT(message, Catch::Matchers::StartsWith("bulkhead::pqxx_pool: conninfo is malformed: "));
+            CHECK_THAT(message, Catch::Matchers::ContainsSubstring(bad.complaint));
+            CHECK_THAT(message, !Catch::Matchers::ContainsSubstring("s3cret"));
         }
         CHECK(steady::now() - start < 1s);
     }
@@ -224,8 +226,8 @@ TEST_CASE("hostile, connection strings libpq refuses only when connecting end in
         } catch (const bulkhead::pool_timeout& timeout) {
             const std::string message = timeout.what();
             INFO("message: " << message);
-            CHECK_THAT(message, Catch::Contains("last connection error:"));
-            CHECK_THAT(message, Catch::Contains(bad.complaint));
+            CHECK_THAT(message, Catch::Matchers::ContainsSubstring("last connection error:"));
+            CHECK_THAT(message, Catch::Matchers::ContainsSubstring(bad.complaint));
             check_no_secret(message, {"Uri-S3cret", "Port-S3cret"});
         }
         CHECK(steady::now() - start < 3s);
@@ -244,7 +246,7 @@ TEST_CASE("hostile, transaction settings out of range are refused by name, permi
         int ran = 0;
         CHECK_THROWS_MATCHES(
             gate.transaction({.queue_wait = 1s, .transaction = settings}, [&](pqxx::dbtransaction&) { return ++ran; }),
-            std::invalid_argument, Catch::Message(message));
+            std::invalid_argument, Catch::Matchers::Message(message));
         CHECK(ran == 0);
         CHECK(gate.available() == 1);
         CHECK(gate.available_slots() == 1);
@@ -259,7 +261,7 @@ TEST_CASE("hostile, transaction settings out of range are refused by name, permi
     refused({.isolation_level = static_cast<bulkhead::isolation>(99)},
             "bulkhead::pqxx_pool: isolation_level is not a bulkhead::isolation");
     // The pool is healthy afterwards: same connection, no transaction left open.
-    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT 3")[0].as<int>(); }) == 3);
+    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT 3")[0].as<int>(); }) == 3);
     auto monitor = outside_connection();
     CHECK(sessions(monitor, "bulkhead-hostile-tx", "idle in transaction") == 0);
     CHECK(pool.size() == 1);
@@ -276,7 +278,7 @@ TEST_CASE("hostile, deadlines in the past never reach the server, an enormous qu
     CHECK(pool.size() == 0);  // not even a connection was opened
     const auto start = steady::now();
     CHECK(gate.transaction(std::chrono::nanoseconds::max(),
-                           [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT 4")[0].as<int>(); }) == 4);
+                           [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT 4")[0].as<int>(); }) == 4);
     CHECK(steady::now() - start < 5s);  // generous: a loaded 2-core machine
     CHECK(gate.available() == 1);
     CHECK(gate.available_slots() == 2);
@@ -289,7 +291,8 @@ TEST_CASE("hostile, a deadline 30 days away does not bound the work and is not r
     gate_t gate(pool, 1, 0);
     const auto far = steady::now() + std::chrono::hours(24 * 30);
     int value = 0;
-    CHECK_NOTHROW(value = gate.transaction({.queue_wait = 1s, .deadline = far},
-                                           [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT 5")[0].as<int>(); }));
+    CHECK_NOTHROW(value = gate.transaction({.queue_wait = 1s, .deadline = far}, [](pqxx::dbtransaction& tx) {
+        return exec_one_row(tx, "SELECT 5")[0].as<int>();
+    }));
     CHECK(value == 5);
 }

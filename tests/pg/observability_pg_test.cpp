@@ -2,10 +2,11 @@
 // event happens, the close hook hears every close, sessions carry the pool's
 // application_name, and a live exposition passes the format check.
 #include "pg_helpers.hpp"
+#include "pqxx_compat.hpp"
 
 #include <bulkhead/prometheus.hpp>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <algorithm>
 #include <latch>
@@ -45,7 +46,7 @@ TEST_CASE("pool stats, opened, and closed for each reason, with the hook told", 
         bulkhead::db_bulkhead gate(pool, 1, 0);
         CHECK(pool.stats().opened == 0);
         const int pid = gate.transaction(
-            1s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT pg_backend_pid()")[0].as<int>(); });
+            1s, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT pg_backend_pid()")[0].as<int>(); });
         CHECK(pool.stats().opened == 1);
 
         // validation_failed: killed while idle, found out on borrow
@@ -163,7 +164,7 @@ TEST_CASE("a live gate and pool render an exposition that passes the format chec
     metrics.add("live", stats);
     metrics.add("live", pool.stats());
     const std::string text = metrics.render();
-    CHECK_THAT(text, Catch::Contains("bulkhead_completed_total{gate=\"live\"} 20\n"));
-    CHECK_THAT(text, Catch::Contains("bulkhead_pool_opened_total{pool=\"live\"} "));
+    CHECK_THAT(text, Catch::Matchers::ContainsSubstring("bulkhead_completed_total{gate=\"live\"} 20\n"));
+    CHECK_THAT(text, Catch::Matchers::ContainsSubstring("bulkhead_pool_opened_total{pool=\"live\"} "));
     CHECK(text.find("password") == std::string::npos);
 }

@@ -5,12 +5,13 @@
 #pragma once
 
 #include "pg_test_database.hpp"
+#include "pqxx_compat.hpp"
 #include "test_util.hpp"
 
 #include <bulkhead/bulkhead.hpp>
 #include <bulkhead/pqxx_pool.hpp>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -42,7 +43,7 @@ inline pqxx::connection outside_connection() { return pqxx::connection(conninfo(
 template <class T>
 T scalar(pqxx::connection& connection, const std::string& sql) {
     pqxx::nontransaction tx(connection);
-    return tx.exec1(sql)[0].as<T>();
+    return exec_one_row(tx, sql)[0].as<T>();
 }
 
 /// Sessions of `application_name` on the server in the given state
@@ -53,7 +54,7 @@ inline long sessions(pqxx::connection& monitor, const std::string& application_n
     if (!state.empty()) {
         sql += " AND state = " + tx.quote(state);
     }
-    return tx.exec1(sql)[0].as<long>();
+    return exec_one_row(tx, sql)[0].as<long>();
 }
 
 /// Terminates a backend and waits until it is gone from pg_stat_activity.
@@ -65,7 +66,8 @@ inline void terminate_backend(pqxx::connection& monitor, int pid) {
     const auto give_up = std::chrono::steady_clock::now() + 10s;
     for (;;) {
         pqxx::nontransaction tx(monitor);
-        if (tx.exec1("SELECT count(*) FROM pg_stat_activity WHERE pid = " + std::to_string(pid))[0].as<long>() == 0) {
+        if (exec_one_row(tx, "SELECT count(*) FROM pg_stat_activity WHERE pid = " + std::to_string(pid))[0]
+                .as<long>() == 0) {
             return;
         }
         REQUIRE(std::chrono::steady_clock::now() < give_up);
@@ -98,8 +100,8 @@ public:
     scratch_table(std::string name, const std::string& columns) : m_name(std::move(name)) {
         auto connection = outside_connection();
         pqxx::work tx(connection);
-        tx.exec0("DROP TABLE IF EXISTS " + m_name);
-        tx.exec0("CREATE TABLE " + m_name + " (" + columns + ")");
+        exec_no_rows(tx, "DROP TABLE IF EXISTS " + m_name);
+        exec_no_rows(tx, "CREATE TABLE " + m_name + " (" + columns + ")");
         tx.commit();
     }
     scratch_table(const scratch_table&) = delete;
@@ -108,7 +110,7 @@ public:
         try {
             auto connection = outside_connection();
             pqxx::work tx(connection);
-            tx.exec0("DROP TABLE IF EXISTS " + m_name);
+            exec_no_rows(tx, "DROP TABLE IF EXISTS " + m_name);
             tx.commit();
         } catch (...) {  // best effort: the next run drops it first anyway
         }

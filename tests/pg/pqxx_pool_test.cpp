@@ -8,9 +8,10 @@
 #include <bulkhead/db_bulkhead.hpp>
 #include <bulkhead/pqxx_pool.hpp>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include "pg_test_database.hpp"
+#include "pqxx_compat.hpp"
 
 #include <unistd.h>
 
@@ -68,20 +69,22 @@ public:
     /// Server sessions with this application_name.
     long sessions(const std::string& application_name) {
         pqxx::nontransaction tx(m_connection);
-        return tx.exec_params1("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", application_name)[0]
+        return bulkhead_test::exec_one_row_params(
+                   tx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", application_name)[0]
             .as<long>();
     }
 
     /// True while a backend with this process id exists.
     bool alive(int pid) {
         pqxx::nontransaction tx(m_connection);
-        return tx.exec_params1("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)[0].as<long>() == 1;
+        return bulkhead_test::exec_one_row_params(tx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)[0]
+                   .as<long>() == 1;
     }
 
     /// Ends the backend from the server side, as an administrator would.
     bool terminate(int pid) {
         pqxx::nontransaction tx(m_connection);
-        return tx.exec_params1("SELECT pg_terminate_backend($1)", pid)[0].as<bool>();
+        return bulkhead_test::exec_one_row_params(tx, "SELECT pg_terminate_backend($1)", pid)[0].as<bool>();
     }
 
     void exec(const std::string& sql) {
@@ -91,7 +94,7 @@ public:
 
     long count(const std::string& sql) {
         pqxx::nontransaction tx(m_connection);
-        return tx.exec1(sql)[0].as<long>();
+        return bulkhead_test::exec_one_row(tx, sql)[0].as<long>();
     }
 
 private:
@@ -212,8 +215,8 @@ TEST_CASE("[C5] pool options out of range are rejected, naming the field and the
         FAIL("the pool was built");
     } catch (const std::invalid_argument& error) {
         const std::string message = error.what();
-        CHECK_THAT(message, Catch::Contains(field));
-        CHECK_THAT(message, Catch::Contains(value));
+        CHECK_THAT(message, Catch::Matchers::ContainsSubstring(field));
+        CHECK_THAT(message, Catch::Matchers::ContainsSubstring(value));
     }
     // Nothing half-built: no session was opened.
     CHECK(admin.sessions(options.application_name) == 0);
@@ -344,7 +347,7 @@ TEST_CASE("[C4] acquire gives up with pool_timeout after connection_timeout", "[
             CHECK(waited < 2500ms);
             CHECK(timeout.reason() == bulkhead::reject_reason::pool_timeout);
             CHECK_THAT(timeout.what(),
-                       Catch::StartsWith("db pool: no connection within 500 ms (max_size 2, in use 2)"));
+                       Catch::Matchers::StartsWith("db pool: no connection within 500 ms (max_size 2, in use 2)"));
         }
     }
     CHECK(pool.waiting() == 0);
@@ -465,7 +468,7 @@ TEST_CASE("[C7] an idle connection killed on the server is replaced on borrow wi
     const int replacement = backend_pid(lease);
     CHECK(replacement != killed);
     pqxx::nontransaction tx(lease.connection());
-    CHECK(tx.exec1("SELECT 42")[0].as<int>() == 42);
+    CHECK(bulkhead_test::exec_one_row(tx, "SELECT 42")[0].as<int>() == 42);
     CHECK(pool.size() == 1);
 }
 
@@ -679,7 +682,7 @@ TEST_CASE("destroying the pool while a lease is out is safe", "[pg][pool]") {
     CHECK(eventually([&] { return admin.sessions(options.application_name) == 1; }));
     {
         pqxx::nontransaction tx(lease.connection());
-        CHECK(tx.exec1("SELECT 7")[0].as<int>() == 7);
+        CHECK(bulkhead_test::exec_one_row(tx, "SELECT 7")[0].as<int>() == 7);
     }
     lease.release();  // closes it: there is no pool to go back to
     CHECK(eventually([&] { return admin.sessions(options.application_name) == 0; }));
@@ -749,11 +752,11 @@ TEST_CASE("[C8] a failed connection attempt gives pool_timeout with the error, n
     } catch (const bulkhead::pool_timeout& timeout) {
         const std::string message = timeout.what();
         INFO(message);
-        CHECK_THAT(message, Catch::StartsWith("db pool: no connection within 600 ms"));
-        CHECK_THAT(message, Catch::Contains("last connection error:"));
-        CHECK_THAT(message, Catch::Contains(expected_error));
+        CHECK_THAT(message, Catch::Matchers::StartsWith("db pool: no connection within 600 ms"));
+        CHECK_THAT(message, Catch::Matchers::ContainsSubstring("last connection error:"));
+        CHECK_THAT(message, Catch::Matchers::ContainsSubstring(expected_error));
         for (const std::string& secret : secrets) {
-            CHECK_THAT(message, !Catch::Contains(secret));
+            CHECK_THAT(message, !Catch::Matchers::ContainsSubstring(secret));
         }
     }
     CHECK(clock_type::now() - start < 4s);
@@ -783,16 +786,16 @@ TEST_CASE("[C8] when the server is down acquire fails without the password, and 
     } catch (const bulkhead::pool_timeout& timeout) {
         const std::string message = timeout.what();
         INFO(message);
-        CHECK_THAT(message, Catch::Contains("last connection error:"));
+        CHECK_THAT(message, Catch::Matchers::ContainsSubstring("last connection error:"));
         if (auto password = password_in(cluster.conninfo())) {
-            CHECK_THAT(message, !Catch::Contains(*password));
+            CHECK_THAT(message, !Catch::Matchers::ContainsSubstring(*password));
         }
     }
     CHECK(pool.in_use() == 0);
     cluster.start_server();
     auto lease = pool.acquire();  // no restart of the pool needed
     pqxx::nontransaction tx(lease.connection());
-    CHECK(tx.exec1("SELECT 5")[0].as<int>() == 5);
+    CHECK(bulkhead_test::exec_one_row(tx, "SELECT 5")[0].as<int>() == 5);
 }
 
 // ---------------------------------------------------------------------------
@@ -809,7 +812,7 @@ TEST_CASE("[B1] [B9] a gate over pqxx_pool commits the callback's work, and roll
 
     const int value = gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
         tx.exec("INSERT INTO " + table.name() + " VALUES (1)");
-        return tx.exec1("SELECT count(*) FROM " + table.name())[0].as<int>();
+        return bulkhead_test::exec_one_row(tx, "SELECT count(*) FROM " + table.name())[0].as<int>();
     });
     CHECK(value == 1);
     CHECK(table.rows() == 1);
@@ -843,7 +846,7 @@ TEST_CASE("[B8] commit or rollback from inside the gate's callback is refused an
             });
             FAIL("the callback's commit was accepted");
         } catch (const std::logic_error& refused) {
-            CHECK_THAT(refused.what(), Catch::Contains("inside the gate's callback is refused"));
+            CHECK_THAT(refused.what(), Catch::Matchers::ContainsSubstring("inside the gate's callback is refused"));
         }
     }
     SECTION("rollback (libpqxx swallows the refusal; the gate's commit reports it)") {
@@ -855,7 +858,7 @@ TEST_CASE("[B8] commit or rollback from inside the gate's callback is refused an
             });
             FAIL("the callback's rollback was accepted");
         } catch (const std::logic_error& refused) {
-            CHECK_THAT(refused.what(), Catch::Contains("inside the gate's callback is refused"));
+            CHECK_THAT(refused.what(), Catch::Matchers::ContainsSubstring("inside the gate's callback is refused"));
         }
     }
     CHECK(table.rows() == 0);
@@ -941,7 +944,7 @@ TEST_CASE("[B7] a connection lost before COMMIT is settled as rolled back, and r
                                            REQUIRE(admin.terminate(lost));
                                            REQUIRE(eventually([&] { return !admin.alive(lost); }));
                                        }),
-                      Catch::Contains("txid_status confirms the transaction was rolled back"));
+                      Catch::Matchers::ContainsSubstring("txid_status confirms the transaction was rolled back"));
     // Settled: there is no transaction left to roll back, so no rollback failed.
     CHECK(gate.observer().rollback_failures == 0);
     CHECK(pool.in_use() == 0);
@@ -964,14 +967,16 @@ TEST_CASE("isolation level and read-only options take effect", "[pg][pool]") {
     const bool read_only = GENERATE(false, true);
 
     auto tx = pool.begin(lease, {.isolation_level = level, .read_only = read_only});
-    CHECK(tx->exec1("SHOW transaction_isolation")[0].as<std::string>() == name);
-    CHECK(tx->exec1("SHOW transaction_read_only")[0].as<std::string>() == (read_only ? "on" : "off"));
+    CHECK(bulkhead_test::exec_one_row(*tx, "SHOW transaction_isolation")[0].as<std::string>() == name);
+    CHECK(bulkhead_test::exec_one_row(*tx, "SHOW transaction_read_only")[0].as<std::string>() ==
+          (read_only ? "on" : "off"));
     pool.rollback(lease, tx);
     tx.reset();
 
     auto defaults = pool.begin(lease, {});
-    CHECK(defaults->exec1("SHOW transaction_isolation")[0].as<std::string>() == "read committed");
-    CHECK(defaults->exec1("SHOW transaction_read_only")[0].as<std::string>() == "off");
+    CHECK(bulkhead_test::exec_one_row(*defaults, "SHOW transaction_isolation")[0].as<std::string>() ==
+          "read committed");
+    CHECK(bulkhead_test::exec_one_row(*defaults, "SHOW transaction_read_only")[0].as<std::string>() == "off");
     pool.commit(lease, defaults);
 }
 
@@ -984,7 +989,7 @@ TEST_CASE("statement_timeout and lock_timeout are set for one transaction", "[pg
 
     SECTION("statement_timeout gives SQLSTATE 57014") {
         auto tx = pool.begin(lease, {.statement_timeout = 100ms});
-        CHECK(tx->exec1("SHOW statement_timeout")[0].as<std::string>() == "100ms");
+        CHECK(bulkhead_test::exec_one_row(*tx, "SHOW statement_timeout")[0].as<std::string>() == "100ms");
         const auto start = clock_type::now();
         try {
             tx->exec("SELECT pg_sleep(5)");
@@ -1015,7 +1020,7 @@ TEST_CASE("statement_timeout and lock_timeout are set for one transaction", "[pg
     }
     // SET LOCAL ended with the transaction; the connection is fine.
     auto next = pool.begin(lease, {});
-    CHECK(next->exec1("SHOW statement_timeout")[0].as<std::string>() != "100ms");
+    CHECK(bulkhead_test::exec_one_row(*next, "SHOW statement_timeout")[0].as<std::string>() != "100ms");
     pool.commit(lease, next);
     next.reset();
     const int pid = backend_pid(lease);

@@ -24,9 +24,10 @@
 #include <bulkhead/bulkhead.hpp>
 #include <bulkhead/pqxx_pool.hpp>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include "pg_test_database.hpp"
+#include "pqxx_compat.hpp"
 #include "test_util.hpp"
 
 #include <unistd.h>
@@ -394,7 +395,7 @@ private:
             "INSERT INTO " + m_settings.calls_table + " (kind) VALUES (" + std::to_string(static_cast<int>(kind)) + ")";
         auto work = [&](pqxx::dbtransaction& tx) -> int {
             const running_scope scope(m_counts);
-            tx.exec0(insert);
+            bulkhead_test::exec_no_rows(tx, insert);
             switch (kind) {
                 case choice::throw_exception:
                     throw callback_failure{m_id};
@@ -406,7 +407,7 @@ private:
                     tx.exec("SELECT pg_sleep(0.3)");
                     break;
                 case choice::commit_failure:
-                    tx.exec0("INSERT INTO " + m_settings.child_table + " (parent) VALUES (-1)");
+                    bulkhead_test::exec_no_rows(tx, "INSERT INTO " + m_settings.child_table + " (parent) VALUES (-1)");
                     break;
                 default:
                     tx.exec("SELECT pg_sleep(0.001)");
@@ -553,11 +554,12 @@ void sample_server(const load_settings& settings, load_counts& counts, const std
                 monitor = std::make_unique<pqxx::connection>(settings.conninfo);
             }
             pqxx::nontransaction tx(*monitor);
-            const long busy = tx.exec1("SELECT count(*) FROM pg_stat_activity WHERE application_name = " +
-                                       tx.quote(settings.application_name) +
-                                       " AND state IN ('active', 'idle in transaction', "
-                                       "'idle in transaction (aborted)')")[0]
-                                  .as<long>();
+            const long busy =
+                bulkhead_test::exec_one_row(tx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = " +
+                                                    tx.quote(settings.application_name) +
+                                                    " AND state IN ('active', 'idle in transaction', "
+                                                    "'idle in transaction (aborted)')")[0]
+                    .as<long>();
             bulkhead_test::raise_max(counts.most_server_busy, busy);
             ++counts.server_samples;
         } catch (const std::exception&) {
@@ -658,13 +660,15 @@ void print_counts(std::string_view label, const load_counts& counts, double seco
 void create_tables(const std::string& conninfo, const load_settings& settings) {
     pqxx::connection connection(conninfo);
     pqxx::work tx(connection);
-    tx.exec0("DROP TABLE IF EXISTS " + settings.child_table);
-    tx.exec0("DROP TABLE IF EXISTS " + settings.calls_table);
-    tx.exec0("DROP TABLE IF EXISTS " + settings.child_table + "_parent");
-    tx.exec0("CREATE TABLE " + settings.calls_table + " (id bigserial PRIMARY KEY, kind int NOT NULL)");
-    tx.exec0("CREATE TABLE " + settings.child_table + "_parent (id int PRIMARY KEY)");
-    tx.exec0("CREATE TABLE " + settings.child_table + " (id bigserial PRIMARY KEY, parent int REFERENCES " +
-             settings.child_table + "_parent(id) DEFERRABLE INITIALLY DEFERRED)");
+    bulkhead_test::exec_no_rows(tx, "DROP TABLE IF EXISTS " + settings.child_table);
+    bulkhead_test::exec_no_rows(tx, "DROP TABLE IF EXISTS " + settings.calls_table);
+    bulkhead_test::exec_no_rows(tx, "DROP TABLE IF EXISTS " + settings.child_table + "_parent");
+    bulkhead_test::exec_no_rows(
+        tx, "CREATE TABLE " + settings.calls_table + " (id bigserial PRIMARY KEY, kind int NOT NULL)");
+    bulkhead_test::exec_no_rows(tx, "CREATE TABLE " + settings.child_table + "_parent (id int PRIMARY KEY)");
+    bulkhead_test::exec_no_rows(tx, "CREATE TABLE " + settings.child_table +
+                                        " (id bigserial PRIMARY KEY, parent int REFERENCES " + settings.child_table +
+                                        "_parent(id) DEFERRABLE INITIALLY DEFERRED)");
     tx.commit();
 }
 
@@ -672,9 +676,9 @@ void drop_tables(const std::string& conninfo, const load_settings& settings) {
     try {
         pqxx::connection connection(conninfo);
         pqxx::work tx(connection);
-        tx.exec0("DROP TABLE IF EXISTS " + settings.child_table);
-        tx.exec0("DROP TABLE IF EXISTS " + settings.calls_table);
-        tx.exec0("DROP TABLE IF EXISTS " + settings.child_table + "_parent");
+        bulkhead_test::exec_no_rows(tx, "DROP TABLE IF EXISTS " + settings.child_table);
+        bulkhead_test::exec_no_rows(tx, "DROP TABLE IF EXISTS " + settings.calls_table);
+        bulkhead_test::exec_no_rows(tx, "DROP TABLE IF EXISTS " + settings.child_table + "_parent");
         tx.commit();
     } catch (...) {  // best effort: the next run drops them first
     }
@@ -695,9 +699,8 @@ std::array<long, choice_count> rows_by_choice(const std::string& conninfo, const
 long unfinished_sessions(const std::string& conninfo, const std::string& application_name, const std::string& states) {
     pqxx::connection connection(conninfo);
     pqxx::nontransaction tx(connection);
-    return tx
-        .exec1("SELECT count(*) FROM pg_stat_activity WHERE application_name = " + tx.quote(application_name) +
-               " AND state IN (" + states + ")")[0]
+    return bulkhead_test::exec_one_row(tx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = " +
+                                               tx.quote(application_name) + " AND state IN (" + states + ")")[0]
         .as<long>();
 }
 
@@ -742,7 +745,9 @@ void check_back_to_full(gate_t& gate, bulkhead::pqxx_pool& pool, const load_sett
     } while (steady::now() < give_up);
     CHECK(unfinished == 0);
     // And it still works.
-    CHECK(gate.transaction(5s, [](pqxx::dbtransaction& tx) { return tx.exec1("SELECT 42")[0].as<int>(); }) == 42);
+    CHECK(gate.transaction(5s, [](pqxx::dbtransaction& tx) {
+        return bulkhead_test::exec_one_row(tx, "SELECT 42")[0].as<int>();
+    }) == 42);
     CHECK(gate.available() == settings.concurrent);
     CHECK(pool.in_use() == 0);
 }
@@ -754,9 +759,9 @@ void check_back_to_full(gate_t& gate, bulkhead::pqxx_pool& pool, const load_sett
 /// Terminates every server session of `application_name`; returns how many.
 long terminate_sessions(pqxx::connection& monitor, const std::string& application_name) {
     pqxx::nontransaction tx(monitor);
-    return tx
-        .exec1("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = " +
-               tx.quote(application_name))[0]
+    return bulkhead_test::exec_one_row(
+               tx, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = " +
+                       tx.quote(application_name))[0]
         .as<long>();
 }
 
@@ -928,8 +933,9 @@ TEST_CASE(
                 long pool_sessions = 0;
                 {
                     pqxx::nontransaction tx(*monitor);  // a new connection would be refused now
-                    pool_sessions = tx.exec1("SELECT count(*) FROM pg_stat_activity WHERE application_name = " +
-                                             tx.quote(settings.application_name))[0]
+                    pool_sessions = bulkhead_test::exec_one_row(
+                                        tx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = " +
+                                                tx.quote(settings.application_name))[0]
                                         .as<long>();
                 }
                 std::printf(

@@ -3,7 +3,7 @@
 
 #include <bulkhead/admission_counter.hpp>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <atomic>
 #include <thread>

@@ -4,7 +4,7 @@
 
 #include <bulkhead/fifo_semaphore.hpp>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <atomic>
 #include <chrono>

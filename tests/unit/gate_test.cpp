@@ -6,7 +6,7 @@
 
 #include <bulkhead/bulkhead.hpp>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -84,8 +84,8 @@ TEST_CASE("[A1] construction rejects B < 1, negative Q and an overflowing B + Q"
     CHECK_THROWS_AS(gate_t(pool, 1, -1), std::invalid_argument);
     CHECK_THROWS_AS(gate_t(pool, std::numeric_limits<int>::max(), 1), std::overflow_error);
     CHECK_THROWS_AS(gate_t(pool, 2, std::numeric_limits<int>::max() - 1), std::overflow_error);
-    CHECK_THROWS_WITH(gate_t(pool, 0, 0), Catch::Contains("concurrent (B)"));
-    CHECK_THROWS_WITH(gate_t(pool, 1, -1), Catch::Contains("extra_slots (Q)"));
+    CHECK_THROWS_WITH(gate_t(pool, 0, 0), Catch::Matchers::ContainsSubstring("concurrent (B)"));
+    CHECK_THROWS_WITH(gate_t(pool, 1, -1), Catch::Matchers::ContainsSubstring("extra_slots (Q)"));
     gate_t largest(pool, std::numeric_limits<int>::max() - 5, 5);
     CHECK(largest.available_slots() == std::numeric_limits<int>::max());
     bulkhead::db_bulkhead gate(pool, 3, 2);  // class template argument deduction
@@ -101,7 +101,8 @@ TEST_CASE("[A2] a negative queue wait or an empty callable is rejected before an
     fake_pool pool;
     gate_t gate(pool, 1, 1);
     CHECK_THROWS_AS(gate.transaction(-1ms, [](fake_pool::work&) { return 1; }), std::invalid_argument);
-    CHECK_THROWS_WITH(gate.transaction(-1ms, [](fake_pool::work&) { return 1; }), Catch::Contains("queue_wait"));
+    CHECK_THROWS_WITH(gate.transaction(-1ms, [](fake_pool::work&) { return 1; }),
+                      Catch::Matchers::ContainsSubstring("queue_wait"));
     CHECK_THROWS_AS(gate.try_transaction(-1ns, [](fake_pool::work&) {}), std::invalid_argument);
     CHECK_THROWS_AS(gate.enter({.queue_wait = -1s}), std::invalid_argument);
 
@@ -152,7 +153,7 @@ TEST_CASE("[A4] a waiter gives up after its queue wait and returns only its admi
 
     const auto start = std::chrono::steady_clock::now();
     CHECK_THROWS_MATCHES(gate.transaction(50ms, [](fake_pool::work&) { return 1; }), bulkhead::admission_timeout,
-                         Catch::Message("db admission timed out"));
+                         Catch::Matchers::Message("db admission timed out"));
     const auto elapsed = std::chrono::steady_clock::now() - start;
     CHECK(elapsed >= 50ms);
     CHECK(elapsed < 5s);
@@ -447,7 +448,7 @@ TEST_CASE("[A13] entering the same gate again from a thread that holds it throws
                 1s, [&](fake_pool::work&) { return gate.transaction(1s, [](fake_pool::work&) { return 0; }); }),
             std::logic_error);
         CHECK_THROWS_WITH(gate.transaction(1s, [&](fake_pool::work&) { (void)gate.enter(); }),
-                          Catch::Contains("not reentrant"));
+                          Catch::Matchers::ContainsSubstring("not reentrant"));
     }
     SECTION("while holding a permit from enter()") {
         bulkhead::permit held = gate.enter();

@@ -2,7 +2,7 @@
 // distributions, merging, and concurrent recording.
 #include <bulkhead/histogram.hpp>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -56,7 +56,7 @@ TEST_CASE("histogram buckets tile the value range without gaps", "[histogram]") 
         }
     }
     CHECK(log_linear_histogram::bucket_of(std::uint64_t{1} << 50) == log_linear_histogram::bucket_count - 1);
-    CHECK(log_linear_histogram::relative_error == Approx(0.03125));
+    CHECK(log_linear_histogram::relative_error == Catch::Approx(0.03125));
 }
 
 TEST_CASE("histogram quantiles hold the stated relative error on known distributions", "[histogram]") {

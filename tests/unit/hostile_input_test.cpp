@@ -9,7 +9,7 @@
 
 #include <bulkhead/bulkhead.hpp>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -73,7 +73,7 @@ TEST_CASE("hostile, fifo_semaphore refuses negative and oversized counts, naming
           std::numeric_limits<std::int64_t>::max()}) {
         INFO("permits " << bad);
         CHECK_THROWS_MATCHES(bulkhead::fifo_semaphore(bad), std::invalid_argument,
-                             Catch::Message("bulkhead::fifo_semaphore: permits must be in [0, max_permits]"));
+                             Catch::Matchers::Message("bulkhead::fifo_semaphore: permits must be in [0, max_permits]"));
     }
     bulkhead::fifo_semaphore empty(0);
     CHECK_FALSE(empty.try_acquire());
@@ -156,12 +156,12 @@ TEST_CASE("hostile, fifo_semaphore release of zero permits changes nothing", "[h
 
 TEST_CASE("hostile, admission_counter refuses negative and oversized capacities, naming them", "[hostile][counter]") {
     CHECK_THROWS_MATCHES(bulkhead::admission_counter(-1), std::invalid_argument,
-                         Catch::Message("bulkhead::admission_counter: capacity must not be negative"));
+                         Catch::Matchers::Message("bulkhead::admission_counter: capacity must not be negative"));
     CHECK_THROWS_MATCHES(bulkhead::admission_counter(std::numeric_limits<std::int64_t>::min()), std::invalid_argument,
-                         Catch::Message("bulkhead::admission_counter: capacity must not be negative"));
+                         Catch::Matchers::Message("bulkhead::admission_counter: capacity must not be negative"));
     CHECK_THROWS_MATCHES(bulkhead::admission_counter(bulkhead::admission_counter::max_capacity + 1),
                          std::invalid_argument,
-                         Catch::Message("bulkhead::admission_counter: capacity above max_capacity"));
+                         Catch::Matchers::Message("bulkhead::admission_counter: capacity above max_capacity"));
     bulkhead::admission_counter none(0);
     CHECK_FALSE(none.try_acquire());
     CHECK(none.available() == 0);
@@ -178,19 +178,20 @@ TEST_CASE("hostile, a gate refuses every impossible B and Q, naming which, and b
     for (const int concurrent : {0, -1, int_min}) {
         INFO("B " << concurrent);
         CHECK_THROWS_MATCHES(gate_t(pool, concurrent, 0), std::invalid_argument,
-                             Catch::Message("bulkhead::db_bulkhead: concurrent (B) must be at least 1"));
+                             Catch::Matchers::Message("bulkhead::db_bulkhead: concurrent (B) must be at least 1"));
     }
     for (const int extra : {-1, int_min}) {
         INFO("Q " << extra);
         CHECK_THROWS_MATCHES(gate_t(pool, 1, extra), std::invalid_argument,
-                             Catch::Message("bulkhead::db_bulkhead: extra_slots (Q) must not be negative"));
+                             Catch::Matchers::Message("bulkhead::db_bulkhead: extra_slots (Q) must not be negative"));
     }
     CHECK_THROWS_AS(gate_t(pool, 0, -1), std::invalid_argument);  // both wrong: still one clear error
     for (const auto& [concurrent, extra] :
          {std::pair{int_max, 1}, std::pair{1, int_max}, std::pair{int_max, int_max}}) {
         INFO("B " << concurrent << ", Q " << extra);
-        CHECK_THROWS_MATCHES(gate_t(pool, concurrent, extra), std::overflow_error,
-                             Catch::Message("bulkhead::db_bulkhead: concurrent + extra_slots (B + Q) overflows int"));
+        CHECK_THROWS_MATCHES(
+            gate_t(pool, concurrent, extra), std::overflow_error,
+            Catch::Matchers::Message("bulkhead::db_bulkhead: concurrent + extra_slots (B + Q) overflows int"));
     }
     CHECK(pool.acquired == 0);
     gate_t largest(pool, int_max, 0);
@@ -209,7 +210,7 @@ TEST_CASE("hostile, negative queue waits are refused by every entry point before
     const gate_state before = state_of(gate, pool);
     for (const std::chrono::nanoseconds bad : {-1ns, std::chrono::nanoseconds(-1s), std::chrono::nanoseconds::min()}) {
         INFO("queue_wait " << bad.count() << " ns");
-        const auto message = Catch::Message("bulkhead::db_bulkhead: queue_wait must not be negative");
+        const auto message = Catch::Matchers::Message("bulkhead::db_bulkhead: queue_wait must not be negative");
         CHECK_THROWS_MATCHES(gate.transaction(bad, work_value), std::invalid_argument, message);
         CHECK_THROWS_MATCHES(gate.try_transaction(bad, work_value), std::invalid_argument, message);
         CHECK_THROWS_MATCHES(gate.transaction({.queue_wait = bad}, work_value), std::invalid_argument, message);
@@ -234,13 +235,13 @@ TEST_CASE("hostile, empty callables are refused before anything is taken", "[hos
     std::function<int(fake_pool::work&)> empty_function;
     std::function<void(fake_pool::work&)> empty_void;
     CHECK_THROWS_MATCHES(gate.transaction(1s, null_function), std::invalid_argument,
-                         Catch::Message("bulkhead::db_bulkhead: the callback is a null function pointer"));
+                         Catch::Matchers::Message("bulkhead::db_bulkhead: the callback is a null function pointer"));
     CHECK_THROWS_MATCHES(gate.try_transaction(1s, null_function), std::invalid_argument,
-                         Catch::Message("bulkhead::db_bulkhead: the callback is a null function pointer"));
+                         Catch::Matchers::Message("bulkhead::db_bulkhead: the callback is a null function pointer"));
     CHECK_THROWS_MATCHES(gate.transaction(1s, empty_function), std::invalid_argument,
-                         Catch::Message("bulkhead::db_bulkhead: the callback is empty"));
+                         Catch::Matchers::Message("bulkhead::db_bulkhead: the callback is empty"));
     CHECK_THROWS_MATCHES(gate.try_transaction(1s, empty_void), std::invalid_argument,
-                         Catch::Message("bulkhead::db_bulkhead: the callback is empty"));
+                         Catch::Matchers::Message("bulkhead::db_bulkhead: the callback is empty"));
     // Refused even when the gate is full: misuse is not a rejection.
     bulkhead::permit held = gate.enter();
     CHECK_THROWS_AS(gate.transaction(0ns, empty_function), std::invalid_argument);

@@ -6,7 +6,7 @@
 #include <bulkhead/bulkhead.hpp>
 #include <bulkhead/prometheus.hpp>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <sys/wait.h>
 
@@ -80,18 +80,23 @@ TEST_CASE("the Prometheus exposition of gates and pools passes a real parser and
     const auto [status, output] = check_format(text);
     INFO(output);
     CHECK(status == 0);
-    CHECK_THAT(output, Catch::Contains("valid"));
+    CHECK_THAT(output, Catch::Matchers::ContainsSubstring("valid"));
 
-    CHECK_THAT(text, Catch::Contains("bulkhead_rejections_total{gate=\"orders\",reason=\"full\"} 0\n"));
-    CHECK_THAT(text, Catch::Contains("bulkhead_rejections_total{gate=\"orders\",reason=\"cancelled\"} 1\n"));
-    CHECK_THAT(text, Catch::Contains("bulkhead_rejections_total{gate=\"orders\",reason=\"deadline\"} 1\n"));
-    CHECK_THAT(text, Catch::Contains("bulkhead_rejections_total{gate=\"orders\",reason=\"pool_timeout\"} 1\n"));
-    CHECK_THAT(text, Catch::Contains("bulkhead_completed_total{gate=\"orders\"} 1\n"));
-    CHECK_THAT(text, Catch::Contains("bulkhead_failed_total{gate=\"orders\"} 1\n"));
+    CHECK_THAT(text,
+               Catch::Matchers::ContainsSubstring("bulkhead_rejections_total{gate=\"orders\",reason=\"full\"} 0\n"));
+    CHECK_THAT(text, Catch::Matchers::ContainsSubstring(
+                         "bulkhead_rejections_total{gate=\"orders\",reason=\"cancelled\"} 1\n"));
+    CHECK_THAT(
+        text, Catch::Matchers::ContainsSubstring("bulkhead_rejections_total{gate=\"orders\",reason=\"deadline\"} 1\n"));
+    CHECK_THAT(text, Catch::Matchers::ContainsSubstring(
+                         "bulkhead_rejections_total{gate=\"orders\",reason=\"pool_timeout\"} 1\n"));
+    CHECK_THAT(text, Catch::Matchers::ContainsSubstring("bulkhead_completed_total{gate=\"orders\"} 1\n"));
+    CHECK_THAT(text, Catch::Matchers::ContainsSubstring("bulkhead_failed_total{gate=\"orders\"} 1\n"));
     // Timed end to end: the committed call, the failed one and the pool timeout (they all reached the pool).
-    CHECK_THAT(text, Catch::Contains("bulkhead_call_seconds_count{gate=\"orders\"} 3\n"));
-    CHECK_THAT(text, Catch::Contains("bulkhead_pool_closed_total{pool=\"main\",reason=\"broken\"} 2\n"));
-    CHECK_THAT(text, Catch::Contains("gate=\"with \\\"quotes\\\" \\\\ and\\nnewline\""));
+    CHECK_THAT(text, Catch::Matchers::ContainsSubstring("bulkhead_call_seconds_count{gate=\"orders\"} 3\n"));
+    CHECK_THAT(text,
+               Catch::Matchers::ContainsSubstring("bulkhead_pool_closed_total{pool=\"main\",reason=\"broken\"} 2\n"));
+    CHECK_THAT(text, Catch::Matchers::ContainsSubstring("gate=\"with \\\"quotes\\\" \\\\ and\\nnewline\""));
 }
 
 TEST_CASE("the format checker rejects a broken exposition (it can fail)", "[prometheus]") {

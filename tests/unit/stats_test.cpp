@@ -6,7 +6,7 @@
 
 #include <bulkhead/bulkhead.hpp>
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <future>
 #include <latch>
