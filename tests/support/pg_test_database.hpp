@@ -1,6 +1,6 @@
 #pragma once
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <sys/wait.h>
 

@@ -1,7 +1,7 @@
 // Small helpers shared by the unit and [pg] tests.
 #pragma once
 
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <atomic>
 #include <chrono>
