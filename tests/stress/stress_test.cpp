@@ -621,6 +621,13 @@ void run_load(gate_t& gate, bulkhead::pqxx_pool& pool, const load_settings& sett
     }
 }
 
+/// Appends " name=count" to `line`. Appended piece by piece: g++ 12 at -O2
+/// and above warns (-Wrestrict, a false positive inside std::string,
+/// GCC bug 105651) on `" " + std::string(name) + ...`.
+void append_count(std::string& line, std::string_view name, long count) {
+    line.append(" ").append(name).append("=").append(std::to_string(count));
+}
+
 void print_counts(std::string_view label, const load_counts& counts, double seconds) {
     std::printf("stress: %.*s: %ld calls in %.1f s (%.0f/s), bound samples %ld, server samples %ld\n",
                 static_cast<int>(label.size()), label.data(), counts.calls.load(), seconds,
@@ -635,7 +642,7 @@ void print_counts(std::string_view label, const load_counts& counts, double seco
     for (std::size_t result = 0; result < outcome_count; ++result) {
         const long total = counts.total(static_cast<outcome>(result));
         if (total != 0) {
-            line += " " + std::string(outcome_names[result]) + "=" + std::to_string(total);
+            append_count(line, outcome_names[result], total);
         }
     }
     std::printf("stress: %.*s: outcomes:%s\n", static_cast<int>(label.size()), label.data(), line.c_str());
@@ -646,7 +653,7 @@ void print_counts(std::string_view label, const load_counts& counts, double seco
             const long n = counts.by_choice[kind][result].load();
             calls += n;
             if (n != 0) {
-                row += " " + std::string(outcome_names[result]) + "=" + std::to_string(n);
+                append_count(row, outcome_names[result], n);
             }
         }
         std::printf("stress: %.*s:   %-17.*s %6ld:%s\n", static_cast<int>(label.size()), label.data(),
