@@ -62,7 +62,7 @@ void fifo_timed_acquire_release(benchmark::State& state) {
     make_fifo(state);
     if (state.threads() == 1) {
         for (auto _ : state) {
-            const bool acquired = g_fifo->try_acquire_for(never_expires);
+            bool acquired = g_fifo->try_acquire_for(never_expires);
             benchmark::DoNotOptimize(acquired);
             g_fifo->release();
         }
@@ -94,7 +94,7 @@ void fifo_cancellable_acquire_release(benchmark::State& state) {
     const std::stop_token token = source.get_token();
     if (state.threads() == 1) {
         for (auto _ : state) {
-            const bulkhead::wait_status status = g_fifo->try_acquire_for(never_expires, token);
+            bulkhead::wait_status status = g_fifo->try_acquire_for(never_expires, token);
             benchmark::DoNotOptimize(status);
             g_fifo->release();
         }
@@ -133,7 +133,7 @@ void counter_acquire_release(benchmark::State& state) {
         g_counter.emplace(bulkhead::admission_counter::max_capacity);
     }
     const auto admit_and_release = [] {
-        const bool admitted = g_counter->try_acquire();
+        bool admitted = g_counter->try_acquire();
         benchmark::DoNotOptimize(admitted);
         g_counter->release();
     };

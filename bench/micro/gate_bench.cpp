@@ -74,7 +74,7 @@ void gate_try_transaction(benchmark::State& state) {
     make_gate(state);
     if (state.threads() == 1) {
         for (auto _ : state) {
-            const bulkhead::result<void> outcome = g_gate->try_transaction(0ms, do_nothing);
+            bulkhead::result<void> outcome = g_gate->try_transaction(0ms, do_nothing);
             benchmark::DoNotOptimize(outcome);
         }
         bulkhead_bench::report_probe(state, [] { (void)g_gate->try_transaction(0ms, do_nothing); });

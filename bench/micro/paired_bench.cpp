@@ -92,7 +92,7 @@ void counter_vs_atomic_pair(benchmark::State& state) {
     paired(
         state, 10'000,
         [&] {
-            const bool admitted = counter.try_acquire();
+            bool admitted = counter.try_acquire();
             benchmark::DoNotOptimize(admitted);
             counter.release();
         },
@@ -137,11 +137,11 @@ void reject_vs_std_try_acquire(benchmark::State& state) {
     paired(
         state, 200,
         [&] {
-            const bulkhead::result<bulkhead::permit> outcome = full->try_enter();
+            bulkhead::result<bulkhead::permit> outcome = full->try_enter();
             benchmark::DoNotOptimize(outcome);
         },
         [&] {
-            const bool acquired = empty.try_acquire();
+            bool acquired = empty.try_acquire();
             benchmark::DoNotOptimize(acquired);
         });
 }
@@ -156,12 +156,12 @@ void transaction_reject_vs_std_try_acquire(benchmark::State& state) {
     paired(
         state, 200,
         [&] {
-            const bulkhead::result<void> outcome =
+            bulkhead::result<void> outcome =
                 full->try_transaction(std::chrono::nanoseconds(0), bulkhead_bench::do_nothing);
             benchmark::DoNotOptimize(outcome);
         },
         [&] {
-            const bool acquired = empty.try_acquire();
+            bool acquired = empty.try_acquire();
             benchmark::DoNotOptimize(acquired);
         });
 }
@@ -184,11 +184,11 @@ void reject_vs_counter_reject(benchmark::State& state) {
     paired(
         state, 10'000,
         [&] {
-            const bulkhead::result<bulkhead::permit> outcome = full->try_enter();
+            bulkhead::result<bulkhead::permit> outcome = full->try_enter();
             benchmark::DoNotOptimize(outcome);
         },
         [&] {
-            const bool admitted = empty.try_acquire();
+            bool admitted = empty.try_acquire();
             benchmark::DoNotOptimize(admitted);
         });
 }
@@ -211,11 +211,11 @@ void counting_observer_vs_null(benchmark::State& state) {
     paired(
         state, 10'000,
         [&] {
-            const bulkhead::result<bulkhead::permit> outcome = observed->try_enter();
+            bulkhead::result<bulkhead::permit> outcome = observed->try_enter();
             benchmark::DoNotOptimize(outcome);
         },
         [&] {
-            const bulkhead::result<bulkhead::permit> outcome = plain->try_enter();
+            bulkhead::result<bulkhead::permit> outcome = plain->try_enter();
             benchmark::DoNotOptimize(outcome);
         });
     benchmark::DoNotOptimize(observed->observer().rejections);

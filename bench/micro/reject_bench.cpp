@@ -34,7 +34,7 @@ using gate_type = bulkhead::db_bulkhead<null_pool>;
 void counter_reject(benchmark::State& state) {
     bulkhead::admission_counter counter(0);
     for (auto _ : state) {
-        const bool admitted = counter.try_acquire();
+        bool admitted = counter.try_acquire();
         benchmark::DoNotOptimize(admitted);
     }
     bulkhead_bench::report_probe(state, [&] { (void)counter.try_acquire(); });
@@ -44,7 +44,7 @@ BENCHMARK(counter_reject)->Name("reject/admission_counter_try_acquire")->Apply(b
 void fifo_reject(benchmark::State& state) {
     bulkhead::fifo_semaphore semaphore(0);
     for (auto _ : state) {
-        const bool acquired = semaphore.try_acquire();
+        bool acquired = semaphore.try_acquire();
         benchmark::DoNotOptimize(acquired);
     }
     bulkhead_bench::report_probe(state, [&] { (void)semaphore.try_acquire(); });
@@ -56,7 +56,7 @@ BENCHMARK(fifo_reject)->Name("reject/fifo_semaphore_try_acquire")->Apply(bulkhea
 void std_reject(benchmark::State& state) {
     std::counting_semaphore<> semaphore(0);
     for (auto _ : state) {
-        const bool acquired = semaphore.try_acquire();
+        bool acquired = semaphore.try_acquire();
         benchmark::DoNotOptimize(acquired);
     }
     bulkhead_bench::report_probe(state, [&] { (void)semaphore.try_acquire(); });
@@ -66,7 +66,7 @@ BENCHMARK(std_reject)->Name("reject/std_counting_semaphore_try_acquire")->Apply(
 void cv_reject(benchmark::State& state) {
     bulkhead_bench::cv_semaphore semaphore(0);
     for (auto _ : state) {
-        const bool acquired = semaphore.try_acquire();
+        bool acquired = semaphore.try_acquire();
         benchmark::DoNotOptimize(acquired);
     }
     bulkhead_bench::report_probe(state, [&] { (void)semaphore.try_acquire(); });
@@ -104,7 +104,7 @@ void gate_reject_throwing_enter(benchmark::State& state) {
     make_full_gate(state);
     const auto reject = [] {
         try {
-            const bulkhead::permit held = full().enter();
+            bulkhead::permit held = full().enter();
             benchmark::DoNotOptimize(held);
         } catch (const bulkhead::admission_full& full) {
             benchmark::DoNotOptimize(&full);
@@ -138,7 +138,7 @@ BENCHMARK(gate_reject_throwing_transaction)->Name("reject/gate_transaction_throw
 void gate_reject_try_enter(benchmark::State& state) {
     make_full_gate(state);
     const auto reject = [] {
-        const bulkhead::result<bulkhead::permit> outcome = full().try_enter();
+        bulkhead::result<bulkhead::permit> outcome = full().try_enter();
         benchmark::DoNotOptimize(outcome);
     };
     if (state.threads() == 1) {
@@ -157,7 +157,7 @@ BENCHMARK(gate_reject_try_enter)->Name("reject/gate_try_enter")->Apply(bulkhead_
 void gate_reject_try_transaction(benchmark::State& state) {
     make_full_gate(state);
     for (auto _ : state) {
-        const bulkhead::result<void> outcome = full().try_transaction(0ms, do_nothing);
+        bulkhead::result<void> outcome = full().try_transaction(0ms, do_nothing);
         benchmark::DoNotOptimize(outcome);
     }
     expect_full(state, full().try_transaction(0ms, do_nothing));
