@@ -799,6 +799,24 @@ const open_row* find_open(const std::vector<open_row>& rows, workload kind, cons
     return nullptr;
 }
 
+/// Sorts `rows` (pointers into one vector, in its order) by `less`; rows that
+/// compare equal keep their order, the order they ran in. std::sort with the
+/// address as the last key rather than std::stable_sort: with libstdc++ 12
+/// (Debian 12) in C++20, clang warns (-Wdeprecated-declarations) on the
+/// std::get_temporary_buffer that stable_sort calls inside libstdc++.
+template <class Less>
+void sort_in_run_order(std::vector<const open_row*>& rows, Less less) {
+    std::sort(rows.begin(), rows.end(), [&](const open_row* a, const open_row* b) {
+        if (less(*a, *b)) {
+            return true;
+        }
+        if (less(*b, *a)) {
+            return false;
+        }
+        return std::less<>{}(a, b);
+    });
+}
+
 void open_table(const std::vector<open_row>& rows, workload kind) {
     line(
         "| load | arm | offered/s | goodput/s | admitted p50 ms | p99 ms | p99.9 ms | rejection p50 µs | p99 µs | "
@@ -810,8 +828,7 @@ void open_table(const std::vector<open_row>& rows, workload kind) {
             selected.push_back(&row);
         }
     }
-    std::stable_sort(selected.begin(), selected.end(),
-                     [](const open_row* a, const open_row* b) { return a->load < b->load; });
+    sort_in_run_order(selected, [](const open_row& a, const open_row& b) { return a.load < b.load; });
     for (const open_row* row : selected) {
         const run_summary& s = row->summary;
         line(format(
@@ -1022,8 +1039,8 @@ int run(const settings& config) {
         for (const open_row& row : open) {
             sorted.push_back(&row);
         }
-        std::stable_sort(sorted.begin(), sorted.end(), [](const open_row* a, const open_row* b) {
-            return std::tie(a->kind, a->probe, a->arm, a->load) < std::tie(b->kind, b->probe, b->arm, b->load);
+        sort_in_run_order(sorted, [](const open_row& a, const open_row& b) {
+            return std::tie(a.kind, a.probe, a.arm, a.load) < std::tie(b.kind, b.probe, b.arm, b.load);
         });
         csv_file file(config.prefix + "-open.csv", open_csv_header);
         for (const open_row* row : sorted) {
