@@ -43,33 +43,46 @@ struct waiter {
     std::atomic<bool> handed_over{false};  // set by the granting releaser after its notify: done with the node
 };
 
-/// A doubly linked FIFO of waiters: O(1) push, pop and removal from the middle
-/// (a waiter that gives up leaves from wherever it is).
-class wait_queue {
+/// A doubly linked FIFO of nodes that live elsewhere (on their waiting
+/// threads' stacks): O(1) push at either end, pop and removal from the
+/// middle (a waiter that gives up leaves from wherever it is). Owns none of
+/// them. `Node` has `Node* prev`, `Node* next` and `bool queued`, all
+/// guarded by whatever guards the queue. Serves fifo_semaphore (`waiter`)
+/// and the pqxx pool (`pool_waiter`).
+template <class Node>
+class intrusive_fifo {
 public:
     [[nodiscard]] bool empty() const noexcept { return m_head == nullptr; }
 
-    void push_back(waiter& node) noexcept {
+    /// The oldest node, or null.
+    [[nodiscard]] Node* front() const noexcept { return m_head; }
+
+    void push_back(Node& node) noexcept {
         node.queued = true;
         node.prev = m_tail;
         node.next = nullptr;
-        if (m_tail != nullptr) {
-            m_tail->next = &node;
-        } else {
-            m_head = &node;
-        }
+        (m_tail != nullptr ? m_tail->next : m_head) = &node;
         m_tail = &node;
     }
 
-    /// Unlinks and returns the oldest waiter. Precondition: !empty().
-    waiter& pop_front() noexcept {
-        waiter& node = *m_head;
+    /// Links `node` as the oldest (a waiter that keeps its turn).
+    void push_front(Node& node) noexcept {
+        node.queued = true;
+        node.prev = nullptr;
+        node.next = m_head;
+        (m_head != nullptr ? m_head->prev : m_tail) = &node;
+        m_head = &node;
+    }
+
+    /// Unlinks and returns the oldest node. Precondition: !empty().
+    Node& pop_front() noexcept {
+        Node& node = *m_head;
         remove(node);
         return node;
     }
 
     /// Unlinks `node`, which must be in this queue.
-    void remove(waiter& node) noexcept {
+    void remove(Node& node) noexcept {
         (node.prev != nullptr ? node.prev->next : m_head) = node.next;
         (node.next != nullptr ? node.next->prev : m_tail) = node.prev;
         node.prev = nullptr;
@@ -78,8 +91,11 @@ public:
     }
 
 private:
-    waiter* m_head = nullptr;
-    waiter* m_tail = nullptr;
+    Node* m_head = nullptr;
+    Node* m_tail = nullptr;
 };
+
+/// The queue of fifo_semaphore.
+using wait_queue = intrusive_fifo<waiter>;
 
 }  // namespace bulkhead::detail

@@ -1,0 +1,239 @@
+// bulkhead: every difference between libpqxx 6 and 7 that the pool meets.
+//
+// Nothing else in bulkhead names a libpqxx API that differs between the two
+// major versions; this header is where a port to another version starts.
+// What differs, and what each piece uses:
+// - opening: libpqxx 6 reconnects a broken connection behind its user's back
+//   unless told not to (`connection_base::inhibit_reactivation`, deprecated
+//   there but the only switch); libpqxx 7 never reconnects.
+// - closing: `connection_base::disconnect()` (6), `connection::close()` (7).
+// - libpq's handle: both keep `largeobject::raw_connection(const
+//   dbtransaction&)` as a protected static (the only way to the PGconn* that
+//   both versions offer; 7's `connection::raw_connection` is private); a
+//   subclass makes it reachable, and a transaction object that is never begun
+//   reaches it for a connection outside any transaction (handle_probe).
+// - the gate's transaction class: libpqxx 6 begins through the virtual
+//   do_begin() and runs statements through the virtual do_exec(); libpqxx 7
+//   has neither hook (its constructor protocol is register_transaction() and
+//   direct_exec()). gate_transaction<Control> hides that: it runs
+//   Control's begin statement, and routes commit and abort to Control.
+//
+// Thread safety: as libpqxx's: a connection, and everything made from it,
+// belongs to one thread at a time.
+#pragma once
+
+#include <libpq-fe.h>
+#include <pqxx/pqxx>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace bulkhead::detail::pqxx_compat {
+
+#if PQXX_VERSION_MAJOR == 6
+
+/// Opens a connection that stays dead once broken. libpqxx 6 reconnects a
+/// broken connection behind the caller's back ("reactivation"); a pooled
+/// connection must not, so that the pool sees the failure and replaces it.
+inline std::unique_ptr<pqxx::connection> open_connection(const std::string& conninfo) {
+    auto connection = std::make_unique<pqxx::connection>(conninfo);
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+    connection->inhibit_reactivation(true);
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+    return connection;
+}
+
+/// Closes the connection's socket now; the object stays valid.
+inline void close_connection(pqxx::connection& connection) noexcept { connection.disconnect(); }
+
+/// libpqxx 6 hands out a transaction's PGconn* only to its large-object
+/// classes: `largeobject::raw_connection(const dbtransaction&)` is a protected
+/// static. A subclass makes it reachable; nothing of largeobject is used.
+struct raw_connection_access : pqxx::largeobject {
+    using pqxx::largeobject::raw_connection;
+};
+
+/// The PGconn* under `tx`'s connection (null when it is closed). Sends nothing.
+inline PGconn* native_handle(const pqxx::dbtransaction& tx) noexcept {
+    return raw_connection_access::raw_connection(tx);
+}
+
+/// A transaction object that is never begun: building and destroying it
+/// sends nothing to the server (libpqxx 6 sends BEGIN only from Begin(), and
+/// End() of a transaction that never began only deregisters it). It lets
+/// native_handle() read the PGconn* of a connection without a transaction.
+class handle_probe final : public pqxx::dbtransaction {
+public:
+    explicit handle_probe(pqxx::connection& connection)
+        : pqxx::internal::namedclass("handle_probe"), pqxx::dbtransaction(connection) {}
+    handle_probe(const handle_probe&) = delete;
+    handle_probe& operator=(const handle_probe&) = delete;
+    ~handle_probe() override { End(); }
+
+private:
+    void do_commit() override {}
+};
+
+#elif PQXX_VERSION_MAJOR == 7
+
+inline std::unique_ptr<pqxx::connection> open_connection(const std::string& conninfo) {
+    return std::make_unique<pqxx::connection>(conninfo);
+}
+
+inline void close_connection(pqxx::connection& connection) noexcept {
+    try {
+        connection.close();
+    } catch (...) {
+        // close() only reports notices; the socket is closed either way.
+    }
+}
+
+// libpqxx 7 keeps `largeobject::raw_connection(const dbtransaction&)` as a
+// protected static too (the class is deprecated there, in favour of blob).
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+struct raw_connection_access : pqxx::largeobject {
+    using pqxx::largeobject::raw_connection;
+};
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+inline PGconn* native_handle(const pqxx::dbtransaction& tx) noexcept {
+    return raw_connection_access::raw_connection(tx);
+}
+
+/// A transaction object that never registers with its connection and never
+/// sends anything (libpqxx 7's dbtransaction constructor sends nothing; the
+/// derived class sends BEGIN). Only for native_handle().
+class handle_probe final : public pqxx::dbtransaction {
+public:
+    explicit handle_probe(pqxx::connection& connection) : pqxx::dbtransaction(connection) {}
+    handle_probe(const handle_probe&) = delete;
+    handle_probe& operator=(const handle_probe&) = delete;
+    ~handle_probe() override = default;
+
+private:
+    void do_commit() override {}
+    void do_abort() override {}
+};
+
+#else
+#error "bulkhead/pqxx_pool.hpp supports libpqxx 6 and 7"
+#endif
+
+/// The PGconn* of `connection`, which must have no transaction open (one is
+/// built, never begun, to reach it); null when it cannot be read. Sends nothing.
+inline PGconn* native_handle(pqxx::connection& connection) noexcept {
+    try {
+        const handle_probe probe(connection);
+        return native_handle(probe);
+    } catch (...) {
+        return nullptr;  // the pool then asks the server instead
+    }
+}
+
+#if PQXX_VERSION_MAJOR == 6
+
+/// The transaction the gate's callback works in (it sees a
+/// pqxx::dbtransaction&). Its commit() and abort() are refused unless
+/// pqxx_pool::commit or pqxx_pool::rollback asked for them.
+template <class Control>
+class gate_transaction final : public pqxx::dbtransaction {
+public:
+    gate_transaction(pqxx::connection& connection, Control control)
+        : pqxx::internal::namedclass("gate_transaction"),
+          pqxx::dbtransaction(connection),
+          m_control(std::move(control)) {
+        try {
+            Begin();  // libpqxx calls do_begin(), and End() itself when that fails
+        } catch (...) {
+            m_control.on_begin_failed();
+            throw;
+        }
+        m_control.on_begun();
+    }
+
+    gate_transaction(const gate_transaction&) = delete;
+    gate_transaction& operator=(const gate_transaction&) = delete;
+
+    ~gate_transaction() override {
+        m_control.closing = true;
+        End();
+        m_control.on_closed();
+    }
+
+    /// The pool's bookkeeping for this transaction (the pool's, not the callback's).
+    Control& control() noexcept { return m_control; }
+
+private:
+    friend Control;
+
+    pqxx::result run(const std::string& statement) { return direct_exec(statement.c_str()); }
+
+    void do_begin() override { m_control.on_begin_result(run(m_control.begin_statement)); }
+    // libpqxx 6's dbtransaction aborts on any failed statement; here the
+    // gate decides, so a failure leaves the transaction for rollback().
+    pqxx::result do_exec(const char query[]) override { return direct_exec(query); }
+    void do_commit() override { m_control.on_commit(*this); }
+    void do_abort() override {
+        reactivation_avoidance_clear();
+        m_control.on_abort(*this);
+    }
+
+    Control m_control;
+};
+
+#elif PQXX_VERSION_MAJOR == 7
+
+template <class Control>
+class gate_transaction final : public pqxx::dbtransaction {
+public:
+    gate_transaction(pqxx::connection& connection, Control control)
+        : pqxx::dbtransaction(connection), m_control(std::move(control)) {
+        register_transaction();
+        try {
+            m_control.on_begin_result(run(m_control.begin_statement));
+        } catch (...) {
+            m_control.on_begin_failed();
+            m_control.closing = true;
+            close();
+            throw;
+        }
+        m_control.on_begun();
+    }
+
+    gate_transaction(const gate_transaction&) = delete;
+    gate_transaction& operator=(const gate_transaction&) = delete;
+
+    ~gate_transaction() override {
+        m_control.closing = true;
+        close();
+        m_control.on_closed();
+    }
+
+    /// The pool's bookkeeping for this transaction (the pool's, not the callback's).
+    Control& control() noexcept { return m_control; }
+
+private:
+    friend Control;
+
+    pqxx::result run(const std::string& statement) { return direct_exec(statement); }
+
+    void do_commit() override { m_control.on_commit(*this); }
+    void do_abort() override { m_control.on_abort(*this); }
+
+    Control m_control;
+};
+
+#endif
+
+}  // namespace bulkhead::detail::pqxx_compat

@@ -1,0 +1,137 @@
+// bulkhead: the settings of a pqxx_pool, and their validation.
+//
+// pqxx_pool_options is what a user fills in (designated initializers);
+// check_options() refuses anything out of range before a pool is built,
+// with a std::invalid_argument that names the field and never a password.
+// isolation names the transaction isolation levels the pool spells out in
+// BEGIN.
+#pragma once
+
+#include <bulkhead/pool_stats.hpp>
+#include <bulkhead/pqxx/conninfo.hpp>
+
+#include <libpq-fe.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace bulkhead {
+
+/// Settings of a pqxx_pool. Use designated initializers:
+/// `bulkhead::pqxx_pool pool({.conninfo = "host=db dbname=app", .max_size = 8});`
+/// A duration of zero for idle_timeout or max_lifetime means "never".
+struct pqxx_pool_options {
+    /// libpq connection string: keyword/value ("host=db user=app") or URI
+    /// ("postgresql://app@db/app"). Must not be empty.
+    std::string conninfo;
+    /// Most connections open (or being opened) at once. In [1, 262143]
+    /// (PostgreSQL's own limit for max_connections).
+    std::size_t max_size = 10;
+    /// Connections opened by the constructor, and kept open when idle
+    /// connections are retired for idle_timeout. At most max_size.
+    std::size_t min_idle = 0;
+    /// Longest wait in acquire() for a connection. At least 250 ms.
+    std::chrono::milliseconds connection_timeout{30000};
+    /// Longest wait for the answer to the pool's own check of a connection.
+    /// At least 250 ms.
+    std::chrono::milliseconds validation_timeout{5000};
+    /// An idle connection idle for longer than this is closed (above
+    /// min_idle). Zero: never.
+    std::chrono::milliseconds idle_timeout{600000};
+    /// A connection older than this is closed when next seen by the pool.
+    /// Zero: never.
+    std::chrono::milliseconds max_lifetime{1800000};
+    /// An idle connection idle for longer than this is checked (one round
+    /// trip) before it is handed out. Zero: every time.
+    std::chrono::milliseconds validate_after_idle{500};
+    /// Sent as libpq's application_name (it overrides one in conninfo); shows
+    /// in pg_stat_activity. Empty: leave it to conninfo and the environment.
+    std::string application_name = "bulkhead";
+    /// Called once for every connection the pool closes, with the reason
+    /// (discarded, broken, lifetime, idle, validation_failed, shutdown): an
+    /// observer hook for logging or tracing. Must not throw and must not call
+    /// acquire(); it may run with the pool's mutex held. Empty: nothing is called.
+    std::function<void(close_reason)> on_close{};
+};
+
+/// Transaction isolation levels (PostgreSQL's; READ UNCOMMITTED behaves as
+/// READ COMMITTED there and is left out).
+enum class isolation : std::uint8_t {
+    read_committed,   ///< READ COMMITTED, PostgreSQL's default
+    repeatable_read,  ///< REPEATABLE READ
+    serializable,     ///< SERIALIZABLE
+};
+
+namespace detail {
+
+/// The most connections a pool may hold: PostgreSQL's own upper limit for
+/// max_connections.
+inline constexpr std::size_t max_pool_size = 262143;
+
+/// Throws std::invalid_argument unless libpq can parse `conninfo` (keywords
+/// and syntax only: libpq checks values such as a port number when it
+/// connects). Uses libpq's PQconninfoParse; sends nothing.
+inline void check_conninfo_syntax(const std::string& conninfo) {
+    char* complaint = nullptr;
+    if (PQconninfoOption* parsed = PQconninfoParse(conninfo.c_str(), &complaint); parsed != nullptr) {
+        PQconninfoFree(parsed);
+        return;
+    }
+    const std::string said = complaint != nullptr ? complaint : "libpq could not parse it (out of memory?)";
+    PQfreemem(complaint);
+    // libpq's complaint quotes the text it stumbled on. After a password
+    // that was not quoted as libpq expects (a space, a quote inside), that
+    // text is the rest of the password: the complaint is then withheld.
+    if (password_may_spill(conninfo)) {
+        throw std::invalid_argument(
+            "bulkhead::pqxx_pool: conninfo is malformed after a password value (libpq's complaint is withheld: it "
+            "would quote part of the password); a value with spaces, quotes or backslashes must be single-quoted, "
+            "with \\' and \\\\ inside");
+    }
+    throw std::invalid_argument("bulkhead::pqxx_pool: conninfo is malformed: " +
+                                one_line(scrub(said, longest_first(conninfo_secrets(conninfo)))));
+}
+
+/// Throws std::invalid_argument naming the field, unless the options are valid.
+inline void check_options(const pqxx_pool_options& options) {
+    const auto fail = [](const std::string& what) { throw std::invalid_argument("bulkhead::pqxx_pool: " + what); };
+    if (options.conninfo.empty()) {
+        fail("conninfo must not be empty");
+    }
+    if (options.conninfo.find('\0') != std::string::npos) {
+        fail("conninfo must not contain a NUL character");
+    }
+    check_uri_user_information(options.conninfo);
+    check_conninfo_syntax(options.conninfo);
+    if (options.max_size < 1 || options.max_size > max_pool_size) {
+        fail("max_size must be in [1, " + std::to_string(max_pool_size) + "], got " + std::to_string(options.max_size));
+    }
+    if (options.min_idle > options.max_size) {
+        fail("min_idle must not exceed max_size (" + std::to_string(options.max_size) + "), got " +
+             std::to_string(options.min_idle));
+    }
+    const auto at_least = [&](std::string_view field, std::chrono::milliseconds value, std::int64_t minimum) {
+        if (value.count() < minimum) {
+            fail(std::string(field) +
+                 (minimum == 0 ? " must not be negative" : " must be at least " + std::to_string(minimum) + " ms") +
+                 ", got " + std::to_string(value.count()) + " ms");
+        }
+    };
+    at_least("connection_timeout", options.connection_timeout, 250);
+    at_least("validation_timeout", options.validation_timeout, 250);
+    at_least("idle_timeout", options.idle_timeout, 0);
+    at_least("max_lifetime", options.max_lifetime, 0);
+    at_least("validate_after_idle", options.validate_after_idle, 0);
+    if (options.application_name.find('\0') != std::string::npos) {
+        fail("application_name must not contain a NUL character");
+    }
+}
+
+}  // namespace detail
+
+}  // namespace bulkhead

@@ -1,0 +1,581 @@
+// bulkhead: the state a pqxx_pool shares with its leases.
+//
+// pool_core holds the idle connections, the FIFO of waiting threads and the
+// counters; pqxx_pool and every lease hold it by std::shared_ptr. See
+// pqxx_pool.hpp for the guarantees, fairness, validation and retirement
+// policy and lifetime; this header implements them.
+//
+// Thread safety. Every member may be called concurrently; m_mutex guards
+// the idle list, the queue and the bookkeeping, and is never held while
+// connecting, validating or closing a connection (retired_connections
+// carries them out of the critical section). The gauges are atomics written
+// under the mutex and read relaxed by observers: snapshots, stale at once.
+#pragma once
+
+#include <bulkhead/detail/clock.hpp>
+#include <bulkhead/detail/wait_queue.hpp>
+#include <bulkhead/error.hpp>
+#include <bulkhead/pool_stats.hpp>
+#include <bulkhead/pqxx/compat.hpp>
+#include <bulkhead/pqxx/conninfo.hpp>
+#include <bulkhead/pqxx/options.hpp>
+#include <bulkhead/pqxx/pooled_connection.hpp>
+
+#include <libpq-fe.h>
+#include <pqxx/pqxx>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cassert>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#if defined(_WIN32)
+#include <winsock2.h>
+#else
+#include <poll.h>
+#endif
+
+namespace bulkhead::detail {
+
+/// One thread waiting in acquire(). Lives on the waiting thread's stack.
+/// Linked into an intrusive_fifo (detail/wait_queue.hpp) guarded by the
+/// pool's mutex; a failed opener rejoins at the front.
+struct pool_waiter {
+    pool_waiter* prev = nullptr;                // guarded by the pool's mutex
+    pool_waiter* next = nullptr;                // guarded by the pool's mutex
+    bool queued = false;                        // guarded by the pool's mutex
+    std::unique_ptr<pooled_connection> handed;  // guarded by the pool's mutex; set by give_back()
+    std::condition_variable wake;               // notified under the pool's mutex
+};
+
+/// Waits until `socket` has something to read (an answer, an error, or the
+/// end of the connection) or `deadline` passes. False on timeout or failure.
+inline bool wait_readable(int socket, std::chrono::steady_clock::time_point deadline) noexcept {
+    if (socket < 0) {
+        return false;
+    }
+    for (;;) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        const int wait_ms = static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, INT_MAX));
+#if defined(_WIN32)
+        WSAPOLLFD entry{static_cast<SOCKET>(socket), POLLRDNORM, 0};
+        const int ready = ::WSAPoll(&entry, 1, wait_ms);
+#else
+        pollfd entry{socket, POLLIN, 0};
+        const int ready = ::poll(&entry, 1, wait_ms);
+#endif
+        if (ready > 0) {
+            return true;
+        }
+        if (ready == 0) {
+            if (wait_ms == 0) {
+                return false;
+            }
+            continue;  // woke a little early: the loop re-reads the clock
+        }
+        if (errno != EINTR) {
+            return false;
+        }
+    }
+}
+
+/// A few connections to close after the mutex is released: retirement never
+/// allocates, and closes at most this many per call (the rest next time).
+class retired_connections {
+public:
+    retired_connections() = default;
+    retired_connections(const retired_connections&) = delete;
+    retired_connections& operator=(const retired_connections&) = delete;
+    ~retired_connections() = default;  // closes them (pqxx's destructors do not throw)
+
+    [[nodiscard]] bool full() const noexcept { return m_count == capacity; }
+    void add(std::unique_ptr<pooled_connection> connection) noexcept {
+        assert(!full());
+        m_slots[m_count++] = std::move(connection);
+    }
+
+private:
+    static constexpr std::size_t capacity = 4;
+    std::unique_ptr<pooled_connection> m_slots[capacity];
+    std::size_t m_count = 0;
+};
+
+/// reading an answer that has started to arrive.
+inline bool check_idle_session(pqxx::connection& connection, std::chrono::steady_clock::time_point deadline) noexcept {
+    try {
+        if (!connection.is_open()) {
+            return false;
+        }
+        pqxx::nontransaction check(connection);
+        pqxx::pipeline pipe(check);
+        const auto query = pipe.insert("SELECT transaction_timestamp() = statement_timestamp()");
+        if (!wait_readable(connection.sock(), deadline)) {
+            pqxx_compat::close_connection(connection);
+            return false;
+        }
+        const pqxx::result answer = pipe.retrieve(query);
+        return answer.size() == 1 && answer[0][0].as<bool>();
+    } catch (...) {
+        return false;
+    }
+}
+
+/// True when the session of a connection returned from raw use is outside
+/// any transaction block. Without a round trip when the pool holds the
+/// connection's PGconn* (read when it was opened) and the session is still
+/// the one it was read for: libpq's record of the server's last answer
+/// (PQtransactionStatus) must say idle; a transaction block left open, a
+/// failed one, a command still in progress or a connection libpq knows is
+/// bad all say otherwise. Otherwise check_idle_session's round trip.
+inline bool session_idle(pooled_connection& pooled, std::chrono::steady_clock::time_point deadline) noexcept {
+    pqxx::connection& connection = *pooled.connection;
+    if (pooled.handle != nullptr && connection.is_open() && connection.backendpid() == pooled.backend_pid) {
+        return PQtransactionStatus(pooled.handle) == PQTRANS_IDLE;
+    }
+    return check_idle_session(connection, deadline);
+}
+
+/// Everything a pool and its leases share. Owned by std::shared_ptr: the pool
+/// holds one reference, every lease another.
+class pool_core {
+public:
+    using clock = std::chrono::steady_clock;
+
+    explicit pool_core(pqxx_pool_options options)
+        : m_options(std::move(options)),
+          m_target(make_connect_target(m_options.conninfo, m_options.application_name)),
+          m_secrets(collect_secrets(m_options.conninfo)) {
+        m_idle.reserve(m_options.max_size);
+    }
+
+    pool_core(const pool_core&) = delete;
+    pool_core& operator=(const pool_core&) = delete;
+
+    ~pool_core() = default;  // only idle connections can be left: closed with m_idle
+
+    [[nodiscard]] const pqxx_pool_options& options() const noexcept { return m_options; }
+    [[nodiscard]] const connect_target& target() const noexcept { return m_target; }
+
+    /// Opens up to min_idle connections; stops at the first failure.
+    void open_min_idle() {
+        const auto until = saturating_add(clock::now(), m_options.connection_timeout);
+        for (std::size_t opened = 0; opened < m_options.min_idle; ++opened) {
+            {
+                const std::lock_guard lock(m_mutex);
+                if (m_size.load(std::memory_order_relaxed) >= m_options.max_size) {
+                    return;
+                }
+                reserve_slot_locked();
+            }
+            std::unique_ptr<pooled_connection> connection = open(until);
+            if (!connection) {
+                return;
+            }
+            give_back(std::move(connection));
+        }
+    }
+
+    /// A connection for a lease; see pqxx_pool::acquire.
+    std::unique_ptr<pooled_connection> acquire(clock::time_point deadline) {
+        const auto start = clock::now();
+        const auto until = std::min(deadline, saturating_add(start, m_options.connection_timeout));
+        bool rejoin_at_front = false;
+        for (;;) {
+            std::unique_ptr<pooled_connection> connection = take(start, until, rejoin_at_front);
+            if (connection) {
+                const std::optional<close_reason> unusable = unusable_on_borrow(*connection);
+                if (!unusable) {
+                    connection->discard = false;
+                    connection->raw_access = false;
+                    return connection;
+                }
+                // Dead or too old: close it; its slot is ours to open a
+                // replacement in, at once.
+                connection.reset();
+                count_close(*unusable);
+                const std::lock_guard lock(m_mutex);
+                store(m_in_use, load(m_in_use) - 1);
+            }
+            if (std::unique_ptr<pooled_connection> opened = open(until)) {
+                return opened;
+            }
+            rejoin_at_front = true;
+        }
+    }
+
+    /// Takes a connection back from a lease: keeps it (for the oldest waiter,
+    /// or idle) or closes it.
+    void give_back(std::unique_ptr<pooled_connection> connection) noexcept {
+        const auto now = clock::now();
+        if (const std::optional<close_reason> unusable = unusable_on_return(*connection, now)) {
+            connection.reset();  // closed outside the mutex
+            count_close(*unusable);
+        }
+        retired_connections retired;
+        const std::lock_guard lock(m_mutex);
+        if (connection && !m_closed) {
+            connection->idle_since = now;
+            if (!m_queue.empty()) {
+                // Straight to the oldest waiter: it owns the connection from
+                // here; in_use does not change. Notified under the mutex, so
+                // the waiter cannot return (and free its node) before we let go.
+                pool_waiter& oldest = *m_queue.front();
+                m_queue.remove(oldest);
+                store(m_waiting, load(m_waiting) - 1);
+                oldest.handed = std::move(connection);
+                oldest.wake.notify_one();
+            } else {
+                m_idle.push_back(std::move(connection));  // capacity is max_size: no allocation
+                store(m_idle_count, load(m_idle_count) + 1);
+                store(m_in_use, load(m_in_use) - 1);
+            }
+        } else {
+            if (connection) {  // the pool object is gone: close it
+                retired.add(std::move(connection));
+                count_close(close_reason::shutdown);
+            }
+            store(m_in_use, load(m_in_use) - 1);
+            store(m_size, load(m_size) - 1);
+            wake_oldest_locked();  // a slot is free
+        }
+        retire_expired_locked(now, retired);
+    }
+
+    /// The pool object is gone: close the idle connections; later returns close theirs.
+    void shut_down() noexcept {
+        std::vector<std::unique_ptr<pooled_connection>> idle;
+        {
+            const std::lock_guard lock(m_mutex);
+            assert(m_queue.empty() && "bulkhead::pqxx_pool destroyed while a thread waits in acquire()");
+            m_closed = true;
+            idle.swap(m_idle);
+            for (std::size_t i = 0; i < idle.size(); ++i) {
+                count_close(close_reason::shutdown);
+            }
+            store(m_size, load(m_size) - idle.size());
+            store(m_idle_count, 0);
+        }
+    }
+
+    [[nodiscard]] std::size_t size() const noexcept { return load(m_size); }
+    [[nodiscard]] std::size_t idle() const noexcept { return load(m_idle_count); }
+    [[nodiscard]] std::size_t in_use() const noexcept { return load(m_in_use); }
+    [[nodiscard]] std::size_t waiting() const noexcept { return load(m_waiting); }
+
+private:
+    // relaxed: every write happens under m_mutex, and every read that decides
+    // anything happens under it too; the observers only want a snapshot.
+    static std::size_t load(const std::atomic<std::size_t>& counter) noexcept {
+        return counter.load(std::memory_order_relaxed);
+    }
+    static void store(std::atomic<std::size_t>& counter, std::size_t value) noexcept {
+        counter.store(value, std::memory_order_relaxed);
+    }
+
+    static std::vector<std::string> collect_secrets(const std::string& conninfo) {
+        std::vector<std::string> secrets = conninfo_secrets(conninfo);
+        // concurrency-mt-unsafe: read once, when the pool is built; libpq itself
+        // reads PGPASSWORD with getenv on every connection attempt.
+        if (const char* from_environment = std::getenv("PGPASSWORD")) {  // NOLINT(concurrency-mt-unsafe)
+            secrets.emplace_back(from_environment);
+        }
+        return longest_first(std::move(secrets));
+    }
+
+    void reserve_slot_locked() noexcept { store(m_size, load(m_size) + 1); }
+
+    [[nodiscard]] bool can_open_locked(clock::time_point now) const noexcept {
+        return load(m_size) < m_options.max_size && now >= m_retry_at;
+    }
+
+    std::unique_ptr<pooled_connection> take_idle_locked() noexcept {
+        if (m_idle.empty()) {
+            return nullptr;
+        }
+        std::unique_ptr<pooled_connection> connection = std::move(m_idle.back());  // most recently used
+        m_idle.pop_back();
+        store(m_idle_count, load(m_idle_count) - 1);
+        store(m_in_use, load(m_in_use) + 1);
+        return connection;
+    }
+
+    void wake_oldest_locked() noexcept {
+        if (!m_queue.empty()) {
+            m_queue.front()->wake.notify_one();
+        }
+    }
+
+    void leave_queue_locked(pool_waiter& node) noexcept {
+        m_queue.remove(node);
+        store(m_waiting, load(m_waiting) - 1);
+        wake_oldest_locked();  // the new oldest waiter may be able to act now
+    }
+
+    /// Leaves the queue on any way out of take() (an exception included),
+    /// under the mutex: declared after the lock, so destroyed before it.
+    class queue_exit {
+    public:
+        queue_exit(pool_core& core, pool_waiter& node) noexcept : m_core(core), m_node(node) {}
+        queue_exit(const queue_exit&) = delete;
+        queue_exit& operator=(const queue_exit&) = delete;
+        ~queue_exit() {
+            if (m_node.queued) {
+                m_core.leave_queue_locked(m_node);
+            }
+        }
+
+    private:
+        pool_core& m_core;
+        pool_waiter& m_node;
+    };
+
+    /// Under the mutex: closes idle connections past max_lifetime, and those
+    /// past idle_timeout while more than min_idle are open. Oldest first.
+    void retire_expired_locked(clock::time_point now, retired_connections& retired) noexcept {
+        bool freed = false;
+        for (std::size_t index = 0; index < m_idle.size() && !retired.full();) {
+            const pooled_connection& candidate = *m_idle[index];
+            const bool too_old =
+                m_options.max_lifetime.count() > 0 && elapsed_ms(candidate.opened_at, now) >= m_options.max_lifetime;
+            const bool idle_too_long = m_options.idle_timeout.count() > 0 &&
+                                       elapsed_ms(candidate.idle_since, now) >= m_options.idle_timeout &&
+                                       load(m_size) > m_options.min_idle;
+            if (too_old || idle_too_long) {
+                count_close(too_old ? close_reason::lifetime : close_reason::idle);
+                retired.add(std::move(m_idle[index]));
+                m_idle.erase(m_idle.begin() + static_cast<std::ptrdiff_t>(index));
+                store(m_idle_count, load(m_idle_count) - 1);
+                store(m_size, load(m_size) - 1);
+                freed = true;
+            } else {
+                ++index;
+            }
+        }
+        if (freed) {
+            wake_oldest_locked();
+        }
+    }
+
+    /// An idle connection, or an empty pointer meaning "a slot is reserved
+    /// for you: open one"; waits in line for either.
+    /// \throws pool_timeout at `until`.
+    std::unique_ptr<pooled_connection> take(clock::time_point start, clock::time_point until, bool at_front) {
+        retired_connections retired;  // destroyed after the lock: closes outside the mutex
+        pool_waiter node;
+        std::unique_lock lock(m_mutex);
+        auto now = clock::now();
+        retire_expired_locked(now, retired);
+        if (m_queue.empty()) {
+            if (std::unique_ptr<pooled_connection> connection = take_idle_locked()) {
+                return connection;
+            }
+            if (can_open_locked(now)) {
+                reserve_slot_locked();
+                return nullptr;
+            }
+        }
+        if (at_front) {
+            m_queue.push_front(node);
+        } else {
+            m_queue.push_back(node);
+        }
+        store(m_waiting, load(m_waiting) + 1);
+        const queue_exit exit(*this, node);
+        for (;;) {
+            // A hand-over is checked first: it wins over a timeout that raced
+            // with it. The giver unlinked the node and counted the connection
+            // in use; if the deadline passed meanwhile, the caller still gets
+            // the connection (never lost, never given twice).
+            if (node.handed) {
+                return std::move(node.handed);
+            }
+            now = clock::now();
+            const bool oldest = m_queue.front() == &node;
+            if (oldest) {
+                if (std::unique_ptr<pooled_connection> connection = take_idle_locked()) {
+                    leave_queue_locked(node);
+                    return connection;
+                }
+                if (can_open_locked(now)) {
+                    leave_queue_locked(node);
+                    reserve_slot_locked();
+                    return nullptr;
+                }
+            }
+            if (now >= until) {
+                leave_queue_locked(node);
+                bump(m_acquire_timeouts);
+                throw pool_timeout(timeout_message_locked(start, until));
+            }
+            auto wake_at = until;
+            if (oldest && load(m_size) < m_options.max_size && m_retry_at < wake_at) {
+                wake_at = m_retry_at;  // the oldest waiter retries after the back-off
+            }
+            node.wake.wait_until(lock, wake_at);
+        }
+    }
+
+    [[nodiscard]] std::string timeout_message_locked(clock::time_point start, clock::time_point until) const {
+        std::string message = "db pool: no connection within " + std::to_string(elapsed_ms(start, until).count()) +
+                              " ms (max_size " + std::to_string(m_options.max_size) + ", in use " +
+                              std::to_string(load(m_in_use)) + ")";
+        if (!m_last_error.empty() && m_last_error_at >= start) {
+            message += "; last connection error: " + m_last_error;
+        }
+        return message;
+    }
+
+    /// Opens a connection in a slot the caller reserved. On failure gives the
+    /// slot back, records the (scrubbed) error, backs off, and returns null.
+    std::unique_ptr<pooled_connection> open(clock::time_point until) {
+        std::string error;
+        try {
+            auto record = std::make_unique<pooled_connection>();
+            record->connection = pqxx_compat::open_connection(connect_string(m_target, until - clock::now()));
+            record->handle = pqxx_compat::native_handle(*record->connection);
+            record->backend_pid = record->connection->backendpid();
+            record->opened_at = clock::now();
+            record->idle_since = record->opened_at;
+            const std::lock_guard lock(m_mutex);
+            store(m_in_use, load(m_in_use) + 1);
+            bump(m_opened);
+            m_backoff = clock::duration::zero();
+            m_retry_at = clock::time_point::min();
+            return record;
+        } catch (const std::exception& failure) {
+            error = failure.what();
+        } catch (...) {
+            error = "unknown error";
+        }
+        std::string reported;
+        try {
+            reported = one_line(scrub(error, m_secrets));
+        } catch (...) {
+            reported = "(the error message could not be processed)";
+        }
+        const std::lock_guard lock(m_mutex);
+        store(m_size, load(m_size) - 1);
+        bump(m_connect_failures);
+        const auto now = clock::now();
+        m_last_error = std::move(reported);
+        m_last_error_at = now;
+        m_backoff = std::clamp<clock::duration>(m_backoff * 2, std::chrono::milliseconds(25), std::chrono::seconds(1));
+        m_retry_at = now + m_backoff;
+        wake_oldest_locked();  // it adopts the back-off (or opens, once it is over)
+        return nullptr;
+    }
+
+    /// Outside the mutex, for a connection just taken from the idle list:
+    /// why it must be closed instead of handed out, or nothing.
+    std::optional<close_reason> unusable_on_borrow(pooled_connection& connection) const noexcept {
+        const auto now = clock::now();
+        if (!connection.connection->is_open()) {
+            return close_reason::broken;
+        }
+        if (m_options.max_lifetime.count() > 0 && elapsed_ms(connection.opened_at, now) >= m_options.max_lifetime) {
+            return close_reason::lifetime;
+        }
+        // Rounded up: with validate_after_idle = 0 every connection that was
+        // idle at all is checked.
+        if (std::chrono::ceil<std::chrono::milliseconds>(now - connection.idle_since) > m_options.validate_after_idle &&
+            !check_idle_session(*connection.connection, saturating_add(now, m_options.validation_timeout))) {
+            return close_reason::validation_failed;
+        }
+        return std::nullopt;
+    }
+
+    /// Outside the mutex, for a connection coming back from a lease: why it
+    /// must be closed instead of kept, or nothing.
+    std::optional<close_reason> unusable_on_return(pooled_connection& connection,
+                                                   clock::time_point now) const noexcept {
+        if (connection.discard) {
+            return close_reason::discarded;
+        }
+        if (!connection.connection->is_open()) {
+            return close_reason::broken;
+        }
+        if (m_options.max_lifetime.count() > 0 && elapsed_ms(connection.opened_at, now) >= m_options.max_lifetime) {
+            return close_reason::lifetime;
+        }
+        if (connection.raw_access) {
+            connection.raw_access = false;
+            if (!session_idle(connection, saturating_add(now, m_options.validation_timeout))) {
+                return close_reason::validation_failed;
+            }
+        }
+        return std::nullopt;
+    }
+
+    /// Counts a closed connection and tells the hook, if any.
+    void count_close(close_reason reason) noexcept {
+        bump(m_closed_by[static_cast<std::size_t>(reason)]);
+        if (m_options.on_close) {
+            try {
+                m_options.on_close(reason);
+            } catch (...) {  // the hook must not throw; a throwing one is ignored
+            }
+        }
+    }
+
+    // relaxed: statistics, they order nothing.
+    static void bump(std::atomic<std::uint64_t>& counter) noexcept { counter.fetch_add(1, std::memory_order_relaxed); }
+
+public:
+    /// The counters and gauges.
+    [[nodiscard]] pool_stats stats() const noexcept {
+        pool_stats stats;
+        stats.max_size = m_options.max_size;
+        stats.size = size();
+        stats.idle = idle();
+        stats.in_use = in_use();
+        stats.waiting = waiting();
+        stats.opened = m_opened.load(std::memory_order_relaxed);
+        stats.connect_failures = m_connect_failures.load(std::memory_order_relaxed);
+        stats.acquire_timeouts = m_acquire_timeouts.load(std::memory_order_relaxed);
+        for (std::size_t i = 0; i < close_reason_count; ++i) {
+            stats.closed[i] = m_closed_by[i].load(std::memory_order_relaxed);
+        }
+        return stats;
+    }
+
+private:
+    const pqxx_pool_options m_options;         // immutable after construction
+    const connect_target m_target;             // immutable after construction
+    const std::vector<std::string> m_secrets;  // immutable after construction: passwords to scrub
+
+    mutable std::mutex m_mutex;
+    std::vector<std::unique_ptr<pooled_connection>> m_idle;        // guarded by m_mutex; most recently returned last
+    intrusive_fifo<pool_waiter> m_queue;                           // guarded by m_mutex
+    bool m_closed = false;                                         // guarded by m_mutex; the pool object is gone
+    clock::time_point m_retry_at = clock::time_point::min();       // guarded by m_mutex; no new attempt before
+    clock::duration m_backoff = clock::duration::zero();           // guarded by m_mutex; after the last failure
+    std::string m_last_error;                                      // guarded by m_mutex; scrubbed
+    clock::time_point m_last_error_at = clock::time_point::min();  // guarded by m_mutex
+
+    // Written only under m_mutex; read there, or relaxed by the observers.
+    std::atomic<std::size_t> m_size{0};        // open or being opened (idle + in use + opening)
+    std::atomic<std::size_t> m_idle_count{0};  // m_idle.size()
+    std::atomic<std::size_t> m_in_use{0};      // in leases (or being checked on borrow)
+    std::atomic<std::size_t> m_waiting{0};     // nodes in m_queue
+
+    // Statistics: relaxed counters, written anywhere.
+    std::atomic<std::uint64_t> m_opened{0};
+    std::atomic<std::uint64_t> m_connect_failures{0};
+    std::atomic<std::uint64_t> m_acquire_timeouts{0};
+    std::array<std::atomic<std::uint64_t>, close_reason_count> m_closed_by{};
+};
+
+}  // namespace bulkhead::detail

@@ -1,0 +1,36 @@
+// bulkhead: one pooled libpqxx connection and what the pool knows about it.
+//
+// A pooled_connection is allocated once per connection and moves between
+// the pool's idle list and leases by pointer, so its address is stable while
+// a lease, and a transaction on it, holds it. Its fields belong to whoever
+// holds it: the lease's thread while leased, the pool (under its mutex)
+// while idle.
+#pragma once
+
+#include <libpq-fe.h>
+#include <pqxx/pqxx>
+
+#include <chrono>
+#include <memory>
+
+namespace bulkhead::detail {
+
+/// One open connection and what the pool knows about it. Allocated once per
+/// connection; moves between the idle list and leases by pointer, so its
+/// address is stable while a lease (and a transaction on it) holds it.
+struct pooled_connection {
+    std::unique_ptr<pqxx::connection> connection;      // never null
+    std::chrono::steady_clock::time_point opened_at;   // for max_lifetime
+    std::chrono::steady_clock::time_point idle_since;  // for idle_timeout and validation
+    // The two flags below belong to whoever holds the connection: the lease's
+    // thread while leased, the pool (under its mutex) while idle.
+    bool discard = false;     // close on return: discard(), a broken or unfinished transaction
+    bool raw_access = false;  // the lease handed out the connection itself: check it on return
+    // libpq's handle, read once when the connection was opened (null when it
+    // could not be read), and the backend it belonged to: the return check
+    // reads libpq's transaction status through it instead of asking the server.
+    PGconn* handle = nullptr;
+    int backend_pid = 0;
+};
+
+}  // namespace bulkhead::detail
