@@ -521,3 +521,13 @@ TEST_CASE("[E13] only the deadline's own timeout is blamed on the deadline", "[p
     }
     CHECK(gate.available() == 1);
 }
+
+TEST_CASE("[E8] with reset_session off the pool leaves the session as the callback left it", "[pg][E8]") {
+    auto options = pool_options("bulkhead-e8-off", 1);
+    options.reset_session = false;
+    bulkhead::pqxx_pool pool(options);
+    gate_t gate(pool, 1, 0);
+    gate.transaction(1s, [](pqxx::dbtransaction& tx) { tx.exec("SET statement_timeout = 50"); });
+    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return value_of(tx, "SHOW statement_timeout"); }) ==
+          "50ms");
+}

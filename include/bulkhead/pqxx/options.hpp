@@ -67,6 +67,14 @@ struct pqxx_pool_options {
     /// exception from it fails that connection attempt (its message, passwords
     /// removed, is the pool's last connection error). Empty: nothing is called.
     std::function<void(pqxx::connection&)> on_connect{};
+    /// Put every session back as the pool opened it after each gate
+    /// transaction and each lease used directly: settings, role, session
+    /// advisory locks, cursors, LISTEN, temporary tables (docs/pqxx_pool.md,
+    /// "Session state"). It rides in the same simple query as COMMIT or
+    /// ROLLBACK, so it costs no round trip, but six short statements of server
+    /// time per transaction. Turn it off only when no callback leaves session
+    /// state behind.
+    bool reset_session = true;
     /// How long after a call's deadline the pool cuts a connection off when
     /// the server has not answered by then (a frozen server, a silent
     /// network): the socket is shut down, the waiting statement fails at

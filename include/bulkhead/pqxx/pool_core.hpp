@@ -499,15 +499,21 @@ private:
             record->server_version = PQserverVersion(record->handle);
             record->cancel = std::make_shared<cancel_request>(record->handle);
             std::string restore;
-            if (m_options.on_connect) {
+            if (m_options.on_connect && m_options.reset_session) {
                 pqxx::nontransaction read(*record->connection);
                 restore = read.exec(session_settings_query).at(0).at(0).c_str();
             }
-            record->commit_statement = then_reset("COMMIT", restore);
-            record->rollback_statement = then_reset("ROLLBACK", restore);
-            record->reset_statement = std::string(session_reset);
-            if (!restore.empty()) {
-                record->reset_statement.append("; ").append(restore);
+            if (m_options.reset_session) {
+                record->commit_statement = then_reset("COMMIT", restore);
+                record->rollback_statement = then_reset("ROLLBACK", restore);
+                record->reset_statement = std::string(session_reset);
+                if (!restore.empty()) {
+                    record->reset_statement.append("; ").append(restore);
+                }
+            } else {
+                record->commit_statement = "COMMIT";
+                record->rollback_statement = "ROLLBACK";
+                record->reset_statement.clear();
             }
             record->opened_at = clock::now();
             record->idle_since = record->opened_at;
@@ -596,7 +602,8 @@ private:
             connection.raw_access = false;
             const clock::time_point until = saturating_add(now, m_options.validation_timeout);
             if (!session_idle(connection, until) ||
-                !run_before(connection.handle, connection.reset_statement.c_str(), until)) {
+                (m_options.reset_session &&
+                 !run_before(connection.handle, connection.reset_statement.c_str(), until))) {
                 return close_reason::validation_failed;
             }
         }
