@@ -24,6 +24,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -80,6 +82,27 @@ void answer(int client, const std::string& metrics) {
 
 }  // namespace
 
+/// Calls the database failed (not rejections: those are in the figures).
+std::atomic<long> failed_calls{0};
+
+/// Prints a failed call's reason to standard error, at most once a second
+/// (with how many failed since), passwords removed.
+void report_failure(const std::string& what) {
+    static std::mutex lock;
+    static std::optional<std::chrono::steady_clock::time_point> last;
+    static long since = 0;
+    ++failed_calls;
+    const std::lock_guard guard(lock);
+    ++since;
+    const auto now = std::chrono::steady_clock::now();
+    if (!last || now - *last >= 1s) {
+        std::cerr << "metrics_server: " << since << " call(s) failed, last: " << bulkhead::redact_conninfo(what)
+                  << '\n';
+        last = now;
+        since = 0;
+    }
+}
+
 int main(int argc, char** argv) {
     const char* url = std::getenv("DB_URL");  // NOLINT(concurrency-mt-unsafe): before any thread starts
     if (url == nullptr) {
@@ -104,7 +127,16 @@ int main(int argc, char** argv) {
         for (int i = 0; i < load_threads; ++i) {
             workers.emplace_back([&] {
                 while (!stopping) {
-                    (void)gate.try_transaction(5ms, [](pqxx::dbtransaction& tx) { tx.exec("SELECT pg_sleep(0.002)"); });
+                    try {
+                        (void)gate.try_transaction(5ms,
+                                                   [](pqxx::dbtransaction& tx) { tx.exec("SELECT pg_sleep(0.002)"); });
+                    } catch (const std::exception& failure) {
+                        // The database failed the call (a restart, a lost
+                        // connection): say so once a second at most, back off
+                        // a little, and keep serving the figures that show it.
+                        report_failure(failure.what());
+                        std::this_thread::sleep_for(20ms);
+                    }
                 }
             });
         }
@@ -129,7 +161,9 @@ int main(int argc, char** argv) {
         const auto stats = gate.stats();
         std::cout << "completed=" << stats.completed
                   << " rejected_full=" << stats.rejections(bulkhead::reject_reason::admission_full)
-                  << " rejected_queue_timeout=" << stats.rejections(bulkhead::reject_reason::admission_timeout) << '\n';
+                  << " rejected_queue_timeout=" << stats.rejections(bulkhead::reject_reason::admission_timeout)
+                  << " rejected_pool_timeout=" << stats.rejections(bulkhead::reject_reason::pool_timeout)
+                  << " failed=" << failed_calls << '\n';
         return 0;
     } catch (const std::exception& failure) {
         std::cerr << "metrics_server: " << failure.what() << '\n';

@@ -34,6 +34,7 @@
 #include <cassert>
 #include <chrono>
 #include <concepts>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <limits>
@@ -125,6 +126,25 @@ concept pool_cancels_work = requires(Pool& pool, typename Pool::lease& lease) {
 template <class Pool>
 concept pool_reports_deadlines = requires(Pool& pool, typename Pool::transaction& tx) {
     { pool.failed_by_deadline(tx) }
+    noexcept->std::same_as<bool>;
+};
+
+/// `pool.acquire(deadline, stop)`: as acquire(deadline), and a stop request
+/// on `stop` ends the wait at once with bulkhead::admission_cancelled. A pool
+/// without it still works; a stop then takes effect once the lease is had.
+template <class Pool>
+concept pool_acquires_with_stop = requires(Pool& pool, std::chrono::steady_clock::time_point deadline,
+                                           const std::stop_token& stop) {
+    { pool.acquire(deadline, stop) } -> std::same_as<typename Pool::lease>;
+};
+
+/// `pool.transaction_block_ended(tx)`: true when a statement of the callback
+/// ended the transaction block itself (COMMIT, ROLLBACK, ...). The gate then
+/// reports the call as misuse (std::logic_error), whatever the callback
+/// threw.
+template <class Pool>
+concept pool_reports_block_end = requires(Pool& pool, typename Pool::transaction& tx) {
+    { pool.transaction_block_ended(tx) }
     noexcept->std::same_as<bool>;
 };
 
@@ -313,6 +333,7 @@ public:
     int m_extra_slots;
     admission_counter m_slots;  // B + Q, never waited on
     fifo_semaphore m_running;   // B, FIFO
+    remote_releases m_remote;   // permits released on another thread than the entering one
 
 private:
     static int checked_concurrent(int concurrent, int extra_slots) {
@@ -334,23 +355,27 @@ private:
 /// One execution permit and one admission slot of a gate, held until
 /// destroyed or released. From db_bulkhead::enter(), for callers that run
 /// their own transaction manager inside the admitted scope.
-/// \note Move-only. Release it on the thread that entered the gate (as with
-/// std::unique_lock<std::mutex>): the gate's non-reentrancy check is kept per
-/// thread.
+/// \note Move-only. It may move to, and be released on, another thread:
+/// the entering thread is then no longer counted as inside the gate
+/// (detail/held_gates.hpp says how), and the releasing thread's own
+/// standing is untouched.
 class [[nodiscard]] permit {
 public:
     /// An empty permit, holding nothing.
     permit() noexcept = default;
 
     permit(permit&& other) noexcept
-        : m_core(std::exchange(other.m_core, nullptr)), m_tracked(std::exchange(other.m_tracked, false)) {}
+        : m_core(std::exchange(other.m_core, nullptr)),
+          m_record(std::exchange(other.m_record, nullptr)),
+          m_serial(std::exchange(other.m_serial, 0)) {}
 
     /// Gives back what this permit held, then takes over `other`'s.
     permit& operator=(permit&& other) noexcept {
         if (this != &other) {
             release();
             m_core = std::exchange(other.m_core, nullptr);
-            m_tracked = std::exchange(other.m_tracked, false);
+            m_record = std::exchange(other.m_record, nullptr);
+            m_serial = std::exchange(other.m_serial, 0);
         }
         return *this;
     }
@@ -363,9 +388,12 @@ public:
     /// Returns the execution permit and the admission slot. Idempotent.
     void release() noexcept {
         if (detail::gate_core* core = std::exchange(m_core, nullptr)) {
-            if (m_tracked) {
-                detail::this_thread_gates.remove(core);
-                m_tracked = false;
+            if (detail::held_gates* record = std::exchange(m_record, nullptr)) {
+                if (record == &detail::this_thread_gates) {
+                    record->remove(m_serial);
+                } else {
+                    core->m_remote.note(record, m_serial);  // entered on another thread
+                }
             }
             core->leave();
         }
@@ -378,10 +406,13 @@ private:
     template <class Pool, class Observer>
     friend class db_bulkhead;
 
-    permit(detail::gate_core& core, bool tracked) noexcept : m_core(&core), m_tracked(tracked) {}
+    permit(detail::gate_core& core, detail::held_gates* record, std::uint64_t serial) noexcept
+        : m_core(&core), m_record(serial != 0 ? record : nullptr), m_serial(serial) {}
 
     detail::gate_core* m_core = nullptr;
-    bool m_tracked = false;  // recorded in the entering thread's held_gates
+    detail::held_gates* m_record = nullptr;  // the entering thread's record, when tracked there; only compared
+                                             // unless it is the releasing thread's own
+    std::uint64_t m_serial = 0;              // the entry in that record
 };
 
 static_assert(std::is_nothrow_move_constructible_v<permit> && !std::is_copy_constructible_v<permit>);
@@ -426,6 +457,12 @@ public:
         clock::time_point deadline = clock::time_point::max();
         /// Settings for the transaction itself (isolation level, read-only, ...).
         transaction_options transaction{};
+        /// Who is calling, for the non-reentrancy check: null (the default)
+        /// means the calling thread. Callers that run independent tasks on
+        /// one thread (coroutines, fibers) pass the task's identity, such as
+        /// the address of its frame: a task that is inside the gate and
+        /// enters again is refused, another task on the same thread is not.
+        const void* task = nullptr;
     };
 
     /// Creates a gate with `concurrent` (B) execution permits and
@@ -593,9 +630,13 @@ private:
             throw std::invalid_argument("bulkhead::db_bulkhead: queue_wait must not be negative");
         }
         detail::held_gates& held = detail::this_thread_gates;
-        if (held.holds(&m_core)) {
-            throw std::logic_error(
-                "bulkhead::db_bulkhead: this thread is already inside this gate (the gate is not reentrant)");
+        while (const std::uint64_t serial = held.holds(&m_core, call.task)) {
+            // Rare: a real reentry, or a permit of ours released elsewhere.
+            if (!m_core.m_remote.take(&held, serial)) {
+                throw std::logic_error(
+                    "bulkhead::db_bulkhead: this caller is already inside this gate (the gate is not reentrant)");
+            }
+            held.remove(serial);
         }
         if (call.stop.stop_requested()) {
             return refuse(reject_reason::admission_cancelled);
@@ -644,7 +685,7 @@ private:
             }
         }
         m_metrics.admitted();
-        return permit(m_core, held.add(&m_core));
+        return permit(m_core, &held, held.add(&m_core, call.task));
     }
 
     /// Stages 3 and 4 for a call that holds `held`. The permit is released
@@ -664,9 +705,14 @@ private:
         // Declared before the lease, so it is destroyed after it: it records
         // how long the connection was held, and the whole call.
         call_timer timer(m_metrics, times.admitted);
-        typename Pool::lease lease = acquire_lease(call.deadline);
+        typename Pool::lease lease = acquire_lease(call);
         timer.connection_acquired();
         m_metrics.pool_wait.record(timer.leased_at() - times.permitted);
+        // A stop during the pool wait (seen here when the pool cannot end
+        // that wait itself): nothing has been sent, the lease goes back.
+        if (call.stop.stop_requested()) {
+            throw_refusal(reject_reason::admission_cancelled);
+        }
         if constexpr (pool_takes_deadlines<Pool>) {
             if (call.deadline != clock::time_point::max()) {
                 transaction_options settings = call.transaction;
@@ -693,11 +739,13 @@ private:
             if constexpr (std::is_void_v<work_result_t<Work>>) {
                 run_callback(lease, guard, call, std::forward<Work>(work));
                 refuse_commit_if_stopped(call);
+                refuse_commit_past_deadline(call);
                 guard.commit();
                 m_metrics.completed();
             } else {
                 work_result_t<Work> value = run_callback(lease, guard, call, std::forward<Work>(work));
                 refuse_commit_if_stopped(call);
+                refuse_commit_past_deadline(call);
                 guard.commit();
                 m_metrics.completed();
                 return value;
@@ -792,6 +840,14 @@ private:
     /// call's deadline is reported as such, with the original nested;
     /// anything else propagates unchanged (returns).
     void explain_failure(transaction_guard<Pool>& guard, const options& call) {
+        if constexpr (pool_reports_block_end<Pool>) {
+            if (m_pool->transaction_block_ended(guard.handle())) {
+                std::throw_with_nested(std::logic_error(
+                    "bulkhead::db_bulkhead: a statement of the callback ended the transaction block (COMMIT, ROLLBACK, "
+                    "...); nothing after it reached the server and the call failed; the gate commits after the "
+                    "callback returns"));
+            }
+        }
         if (call.stop.stop_requested()) {
             std::throw_with_nested(work_cancelled());
         }
@@ -811,11 +867,24 @@ private:
         }
     }
 
+    /// A deadline that passed while the work ran: nothing is committed (the
+    /// caller has given up on the result by then).
+    static void refuse_commit_past_deadline(const options& call) {
+        if (call.deadline != clock::time_point::max() && clock::now() >= call.deadline) {
+            throw work_deadline_exceeded();
+        }
+    }
+
     /// Stage 3. A pool wait cut short by the call's deadline (rather than by
     /// the pool's own connection timeout) is reported as deadline_exceeded.
-    typename Pool::lease acquire_lease(clock::time_point deadline) {
+    typename Pool::lease acquire_lease(const options& call) {
+        const clock::time_point deadline = call.deadline;
         try {
-            return m_pool->acquire(deadline);
+            if constexpr (pool_acquires_with_stop<Pool>) {
+                return m_pool->acquire(deadline, call.stop);
+            } else {
+                return m_pool->acquire(deadline);
+            }
         } catch (const pool_timeout&) {
             if (deadline != clock::time_point::max() && clock::now() >= deadline) {
                 throw_refusal(reject_reason::deadline_exceeded);
@@ -824,6 +893,9 @@ private:
             throw;
         } catch (const rejected& rejection) {
             count_rejection(rejection.reason());
+            throw;
+        } catch (...) {
+            m_metrics.failed();  // the pool failed otherwise: still one counted outcome
             throw;
         }
     }

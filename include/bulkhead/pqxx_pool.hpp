@@ -96,6 +96,7 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <stop_token>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -244,57 +245,84 @@ public:
     /// by the remaining wait where libpq allows (connect_timeout, whole
     /// seconds, at least 2, added only when the conninfo sets none).
     /// \throws bulkhead::pool_timeout as acquire().
-    [[nodiscard]] lease acquire(clock::time_point deadline) { return lease(m_core, m_core->acquire(deadline)); }
+    [[nodiscard]] lease acquire(clock::time_point deadline) { return acquire(deadline, std::stop_token{}); }
+
+    /// As acquire(deadline), and a stop request on `stop` ends the wait at
+    /// once (also the wait for a connection being opened, which then
+    /// finishes on its own and goes to the pool). Everything inside, the
+    /// check of an idle connection and the opening of a new one included,
+    /// ends by min(deadline, now + connection_timeout).
+    /// \throws bulkhead::pool_timeout as acquire(); bulkhead::admission_cancelled
+    ///         on a stop request.
+    [[nodiscard]] lease acquire(clock::time_point deadline, const std::stop_token& stop) {
+        return lease(m_core, m_core->acquire(deadline, stop));
+    }
 
     /// Starts a transaction on the leased connection: BEGIN with the options'
     /// isolation level and access mode, and SET LOCAL for their timeouts, in
-    /// one round trip.
+    /// one round trip. With a deadline, the pool's watchdog cuts the
+    /// connection off at the deadline plus deadline_slack if the server has
+    /// not answered by then. A BEGIN that fails because the connection broke
+    /// (nothing of the caller's work has started) is tried once more on
+    /// another connection, which `held` then holds, within the deadline and
+    /// connection_timeout.
     /// \throws std::logic_error for an empty lease or one of another pool;
-    ///         std::invalid_argument for a timeout out of range; whatever
-    ///         libpqxx throws (the connection is then marked for discard).
+    ///         std::invalid_argument for a timeout out of range;
+    ///         bulkhead::deadline_exceeded when the deadline left no whole
+    ///         millisecond; bulkhead::pool_timeout when no other connection
+    ///         came for the retry; whatever libpqxx throws (the connection is
+    ///         then marked for discard).
     [[nodiscard]] transaction begin(lease& held, const transaction_options& options) {
-        detail::pooled_connection& connection = leased(held);
-        detail::transaction_control control;
-        control.owner = &connection;
-        control.target = &m_core->target();
-        control.settle_budget = m_core->options().connection_timeout;
-        control.read_only = options.read_only;
-        control.track_txid = options.resolve_commit_outcome && !options.read_only;
-        if (options.deadline == clock::time_point::max()) {
-            control.begin_statement = detail::begin_statement(options);
-        } else {
-            transaction_options bounded = options;
-            std::tie(control.timeout_from_deadline, control.lock_timeout_from_deadline) = bound_by_deadline(bounded);
-            control.begin_statement = detail::begin_statement(bounded);
+        (void)leased(held);
+        try {
+            return begin_on(held, options);
+        } catch (const pqxx::broken_connection&) {
+            held.release();  // closed: begin_on marked it for discard
+            held = acquire(options.deadline);
+            return begin_on(held, options);
         }
-        if (control.track_txid) {
-            control.begin_statement += "; SELECT txid_current()";
-        }
-        return std::make_unique<detail::gate_transaction>(*connection.connection, std::move(control));
     }
 
     /// Asks the server to cancel the statement running on the leased
-    /// connection (libpq's cancel request), from any thread; the statement
-    /// then fails with SQLSTATE 57014. Does nothing when none runs. Never
-    /// throws: a cancel that cannot be sent leaves the work to finish.
+    /// connection, from any thread, without waiting: the request is sent on
+    /// a thread of its own (libpq's cancel connects to the server), so this
+    /// returns in microseconds; the statement then fails with SQLSTATE
+    /// 57014. A connection whose cancel is still on its way when the lease is
+    /// returned is closed, never handed to another borrower. Never throws: a
+    /// cancel that cannot be sent leaves the work to finish.
     void cancel(lease& held) noexcept {
-        try {
-            if (held.m_connection && held.m_connection->connection) {
-                held.m_connection->connection->cancel_query();
-            }
-        } catch (...) {  // best effort by nature: the statement just runs on
+        if (held.m_connection) {
+            (void)detail::cancel_request::send(held.m_connection->cancel);
         }
     }
 
-    /// Inside a catch handler for the callback's failure: true when it is the
-    /// server cutting a statement short (57014) under a statement_timeout, or
-    /// a lock wait (55P03) under a lock_timeout, that came from the call's
-    /// deadline.
+    /// True when a statement of the callback ended the transaction block
+    /// itself (COMMIT, ROLLBACK, ...): the connection has stopped sending and
+    /// will be discarded; the gate reports the call as misuse.
+    [[nodiscard]] bool transaction_block_ended(transaction& tx) noexcept {
+        return tx && tx->control().ended_by_callback();
+    }
+
+    /// Inside a catch handler for the callback's failure: true when the
+    /// call's deadline caused it: the watchdog cut the connection off, or the
+    /// server cut a statement short (57014) under the statement_timeout, or a
+    /// lock wait (55P03) under the lock_timeout, that came from the deadline,
+    /// once the deadline has passed. A 57014 before that (a DBA's
+    /// pg_cancel_backend, the callback's own SET LOCAL statement_timeout) is
+    /// not the deadline's.
     [[nodiscard]] bool failed_by_deadline(transaction& tx) noexcept {
         if (!tx) {
             return false;
         }
         const detail::transaction_control& control = tx->control();
+        if (control.cut_by_watchdog()) {
+            return true;
+        }
+        // The timeout is set in whole milliseconds, rounded down, from the
+        // time left at BEGIN: the server may fire up to that much early.
+        if (clock::now() + std::chrono::milliseconds(2) < control.deadline) {
+            return false;
+        }
         try {
             throw;
         } catch (const pqxx::sql_error& failure) {
@@ -349,6 +377,44 @@ public:
     [[nodiscard]] pool_stats stats() const noexcept { return m_core->stats(); }
 
 private:
+    /// One attempt of begin().
+    transaction begin_on(lease& held, const transaction_options& options) {
+        detail::pooled_connection& connection = leased(held);
+        detail::transaction_control control;
+        control.owner = &connection;
+        control.target = &m_core->target();
+        control.read_only = options.read_only;
+        control.track_txid = options.resolve_commit_outcome && !options.read_only;
+        control.deadline = options.deadline;
+        const pqxx_pool_options& settings = m_core->options();
+        const clock::time_point now = clock::now();
+        control.settle_until = detail::saturating_add(now, settings.connection_timeout);
+        if (options.deadline == clock::time_point::max()) {
+            control.begin_statement = detail::begin_statement(options);
+        } else {
+            transaction_options bounded = options;
+            std::tie(control.timeout_from_deadline, control.lock_timeout_from_deadline) = bound_by_deadline(bounded);
+            control.begin_statement = detail::begin_statement(bounded);
+            // Past the deadline nothing waits longer than the slack, the
+            // lookup of a lost COMMIT's outcome included.
+            const clock::time_point cut_at =
+                options.deadline + std::chrono::duration_cast<clock::duration>(settings.deadline_slack);
+            control.settle_until = std::min(control.settle_until, cut_at);
+            control.watchdog = &m_core->watchdog();
+            control.watch = control.watchdog->arm(PQsocket(connection.handle), cut_at, connection.cut_by_watchdog);
+        }
+        if (control.track_txid) {
+            control.begin_statement.append("; ").append(detail::current_xact_id(connection.server_version));
+        }
+        try {
+            return std::make_unique<detail::gate_transaction>(*connection.connection, std::move(control));
+        } catch (...) {
+            connection.discard = true;
+            m_core->watchdog().disarm(control.watch);  // moved-from control keeps its ticket value
+            throw;
+        }
+    }
+
     detail::pooled_connection& leased(lease& held) const {
         if (!held.m_connection) {
             throw std::logic_error("bulkhead::pqxx_pool: the lease is empty");

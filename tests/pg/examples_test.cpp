@@ -107,3 +107,33 @@ TEST_CASE("examples/metrics_server serves an exposition that passes the format c
     CHECK(std::system(check.c_str()) == 0);  // NOLINT(concurrency-mt-unsafe): no other thread runs here
     std::filesystem::remove(path);
 }
+
+TEST_CASE("examples/metrics_server survives a server restart and says what happened", "[pg][examples]") {
+    const std::string server = require_example(BULKHEAD_METRICS_SERVER_PATH, "metrics_server");
+    bulkhead_test::private_cluster cluster;
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): no other thread runs here (every test joins its threads)
+    REQUIRE(::setenv("DB_URL", cluster.conninfo().c_str(), 1) == 0);
+    std::FILE* pipe = ::popen(("'" + server + "' 0 6 2>&1").c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    std::array<char, 512> line{};
+    REQUIRE(std::fgets(line.data(), static_cast<int>(line.size()), pipe) != nullptr);
+    CHECK(std::string(line.data()).find("listening on") != std::string::npos);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // let the load run against the live server
+    cluster.stop_server();                                        // fast shutdown: every session is terminated
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    cluster.start_server();
+    std::string rest;
+    while (std::fgets(line.data(), static_cast<int>(line.size()), pipe) != nullptr) {
+        rest += line.data();
+    }
+    const int status = ::pclose(pipe);
+    INFO(rest);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);  // it did not die with the database
+    // And it said so: the calls the restart failed, and those refused while
+    // the server was down.
+    CHECK(rest.find("call(s) failed") != std::string::npos);
+    CHECK(rest.find("rejected_pool_timeout=0 ") == std::string::npos);
+    CHECK(rest.find("completed=") != std::string::npos);
+    CHECK(rest.find(cluster.conninfo().substr(cluster.conninfo().find("password=") + 9, 8)) == std::string::npos);
+}

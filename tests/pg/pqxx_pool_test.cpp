@@ -944,7 +944,7 @@ TEST_CASE("[B7] a connection lost before COMMIT is settled as rolled back, and r
                                            REQUIRE(admin.terminate(lost));
                                            REQUIRE(eventually([&] { return !admin.alive(lost); }));
                                        }),
-                      Catch::Matchers::ContainsSubstring("txid_status confirms the transaction was rolled back"));
+                      Catch::Matchers::ContainsSubstring("confirms the transaction was rolled back"));
     // Settled: there is no transaction left to roll back, so no rollback failed.
     CHECK(gate.observer().rollback_failures == 0);
     CHECK(pool.in_use() == 0);

@@ -30,6 +30,7 @@
 #include "pqxx_compat.hpp"
 #include "test_util.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,6 +38,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -78,11 +80,15 @@ enum class choice : std::uint8_t {
     stop_working,       // a stop requested 5-25 ms after the call began, during pg_sleep(0.3)
     queue_timeout,      // a queue wait of 0-1 ms
     commit_failure,     // a deferred foreign key that fails at COMMIT (23503)
+    leave_session,      // a session advisory lock and SET statement_timeout = 50, then commit: the next
+                        // borrower must see neither (a leak fails its calls with 57014 or 55P03)
+    end_block,          // COMMIT from the callback, then its insert: refused (logic_error), nothing inserted
+    deadline_work,      // a deadline 100 ms away, pg_sleep(0.3): cut short by the deadline
 };
-constexpr std::size_t choice_count = 8;
-constexpr std::array<std::string_view, choice_count> choice_names{"succeed",           "throw",         "sql_error",
-                                                                  "statement_timeout", "stop_waiting",  "stop_working",
-                                                                  "queue_timeout",     "commit_failure"};
+constexpr std::size_t choice_count = 11;
+constexpr std::array<std::string_view, choice_count> choice_names{
+    "succeed",       "throw",          "sql_error",     "statement_timeout", "stop_waiting", "stop_working",
+    "queue_timeout", "commit_failure", "leave_session", "end_block",         "deadline_work"};
 
 enum class outcome : std::uint8_t {
     ok,
@@ -103,8 +109,9 @@ enum class outcome : std::uint8_t {
     in_doubt,           // pqxx::in_doubt_error: must never reach the caller (the pool settles it)
     other_std_exception,
     unknown_exception,
+    misuse,  // std::logic_error: the callback ended the transaction block itself
 };
-constexpr std::size_t outcome_count = 18;
+constexpr std::size_t outcome_count = 19;
 constexpr std::array<std::string_view, outcome_count> outcome_names{"ok",
                                                                     "callback_exception",
                                                                     "sql_22012",
@@ -122,7 +129,8 @@ constexpr std::array<std::string_view, outcome_count> outcome_names{"ok",
                                                                     "broken_connection",
                                                                     "in_doubt",
                                                                     "other_std_exception",
-                                                                    "unknown_exception"};
+                                                                    "unknown_exception",
+                                                                    "misuse"};
 
 constexpr bool is_rejection(outcome result) {
     return result == outcome::admission_full || result == outcome::admission_timeout ||
@@ -139,9 +147,16 @@ constexpr bool is_fault_outcome(outcome result) {
 /// Whether `result` is a legitimate end for a call that chose `kind`. With
 /// faults, a lost connection can end any call.
 bool allowed(choice kind, outcome result, bool faults) {
+    if (kind == choice::deadline_work) {
+        // Cut short while it worked, or still waiting (for a permit, or for a
+        // connection when faults refuse them) when the deadline came.
+        return result == outcome::work_deadline_exceeded || result == outcome::deadline_exceeded ||
+               result == outcome::admission_full || (faults && is_fault_outcome(result));
+    }
     if (result == outcome::in_doubt || result == outcome::unknown_exception || result == outcome::other_std_exception ||
-        result == outcome::deadline_exceeded || result == outcome::work_deadline_exceeded) {
-        return false;  // no call has a deadline; in_doubt must be settled by the pool
+        result == outcome::deadline_exceeded || result == outcome::work_deadline_exceeded ||
+        (result == outcome::misuse && kind != choice::end_block)) {
+        return false;  // only deadline_work has a deadline; in_doubt must be settled by the pool
     }
     if (is_fault_outcome(result)) {
         return faults;
@@ -167,6 +182,12 @@ bool allowed(choice kind, outcome result, bool faults) {
             return result == outcome::ok;
         case choice::commit_failure:
             return result == outcome::sql_23503;
+        case choice::leave_session:
+            return result == outcome::ok;
+        case choice::end_block:
+            return result == outcome::misuse;
+        case choice::deadline_work:
+            return false;  // handled above
     }
     return false;
 }
@@ -388,6 +409,9 @@ private:
             case choice::queue_timeout:
                 options.queue_wait = std::chrono::microseconds(m_random() % 1000);
                 break;
+            case choice::deadline_work:
+                options.deadline = steady::now() + 100ms;
+                break;
             default:
                 break;
         }
@@ -395,6 +419,9 @@ private:
             "INSERT INTO " + m_settings.calls_table + " (kind) VALUES (" + std::to_string(static_cast<int>(kind)) + ")";
         auto work = [&](pqxx::dbtransaction& tx) -> int {
             const running_scope scope(m_counts);
+            if (kind == choice::end_block) {
+                tx.exec("COMMIT");  // ends the gate's transaction block: from here nothing may reach the server
+            }
             bulkhead_test::exec_no_rows(tx, insert);
             switch (kind) {
                 case choice::throw_exception:
@@ -408,6 +435,15 @@ private:
                     break;
                 case choice::commit_failure:
                     bulkhead_test::exec_no_rows(tx, "INSERT INTO " + m_settings.child_table + " (parent) VALUES (-1)");
+                    break;
+                case choice::leave_session:
+                    // Session-level state the pool must reset before the next borrower.
+                    tx.exec("SET LOCAL lock_timeout = '1s'");
+                    tx.exec("SELECT pg_advisory_lock(77)");
+                    tx.exec("SET statement_timeout = 50");  // last: it applies to this session from here on
+                    break;
+                case choice::deadline_work:
+                    tx.exec("SELECT pg_sleep(0.3)");
                     break;
                 default:
                     tx.exec("SELECT pg_sleep(0.001)");
@@ -454,6 +490,9 @@ private:
             }
             detail = state + ": " + failure.what();
             return outcome::sql_other;
+        } catch (const std::logic_error& failure) {
+            detail = failure.what();
+            return outcome::misuse;
         } catch (const std::exception& failure) {
             detail = failure.what();
             return outcome::other_std_exception;
@@ -867,7 +906,8 @@ TEST_CASE("[A9] [A11] [C9] [C10] hundreds of threads through one gate over the r
     // Every way of ending happened at least once.
     for (const outcome result :
          {outcome::ok, outcome::callback_exception, outcome::sql_22012, outcome::sql_57014, outcome::sql_23503,
-          outcome::admission_full, outcome::admission_cancelled, outcome::work_cancelled, outcome::admission_timeout}) {
+          outcome::admission_full, outcome::admission_cancelled, outcome::work_cancelled, outcome::admission_timeout,
+          outcome::misuse, outcome::work_deadline_exceeded}) {
         INFO("outcome " << outcome_names[static_cast<std::size_t>(result)]);
         CHECK(counts.total(result) > 0);
     }
@@ -875,7 +915,9 @@ TEST_CASE("[A9] [A11] [C9] [C10] hundreds of threads through one gate over the r
 }
 
 TEST_CASE(
-    "[B7] [C7] [C8] backends terminated, connections refused, the server restarted, and the gate and pool recover",
+    "[B7] [C7] [C8] [E7] [E9] backends terminated or frozen, connections refused, the server restarted, and the gate "
+    "and "
+    "pool recover",
     "[pg][stress][faults]") {
     const int seconds = env_int("BULKHEAD_STRESS_SECONDS", BULKHEAD_STRESS_DEFAULT_SECONDS);
     bulkhead_test::private_cluster cluster;
@@ -956,7 +998,33 @@ TEST_CASE(
                 await_recovery(counts, recovery_limit, figure);
                 figures.push_back(figure);
             }
-            // 3. The server restarted (fast shutdown), down for 1 s.
+            // 3. Every backend of the pool frozen (SIGSTOP) for 1 s, mid-work:
+            //    calls with a deadline are cut off by the pool's watchdog, the
+            //    others wait; nothing may hang or leak a permit.
+            {
+                std::vector<int> pids;
+                {
+                    pqxx::nontransaction tx(*monitor);
+                    const pqxx::result rows = tx.exec("SELECT pid FROM pg_stat_activity WHERE application_name = " +
+                                                      tx.quote(settings.application_name));
+                    for (const auto& row : rows) {
+                        pids.push_back(row[0].as<int>());
+                    }
+                }
+                const auto begin = steady::now();
+                for (const int pid : pids) {
+                    (void)::kill(static_cast<pid_t>(pid), SIGSTOP);
+                }
+                std::this_thread::sleep_for(1s);
+                for (const int pid : pids) {
+                    (void)::kill(static_cast<pid_t>(pid), SIGCONT);
+                }
+                fault_figure figure{"freeze " + std::to_string(pids.size()) + " backends (SIGSTOP 1 s)"};
+                figure.fault_ms = std::chrono::duration<double, std::milli>(steady::now() - begin).count();
+                await_recovery(counts, recovery_limit, figure);
+                figures.push_back(figure);
+            }
+            // 4. The server restarted (fast shutdown), down for 1 s.
             {
                 std::this_thread::sleep_for(500ms);
                 const auto begin = steady::now();

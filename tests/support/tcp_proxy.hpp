@@ -1,5 +1,9 @@
 // A loopback TCP proxy between libpq and PostgreSQL that can cut a
-// connection exactly at COMMIT, for tests of in-doubt commits.
+// connection exactly at COMMIT (tests of in-doubt commits), go silent (hold
+// every byte both ways while the connections stay open: a network that stops
+// answering), hold new connections unanswered (a cancel or connect that
+// never gets a reply), refuse new connections, and count the connections
+// open through it at once.
 //
 // It forwards bytes both ways and parses the client's side of the protocol
 // (the untyped startup packets, then typed messages) so that it recognizes a
@@ -8,7 +12,9 @@
 //     closes the client's socket once the answer arrived: the commit landed,
 //     the client never hears of it;
 //   - drop_before_commit: closes both sockets instead of forwarding the COMMIT:
-//     the server sees the client vanish inside a transaction and aborts it.
+//     the server sees the client vanish inside a transaction and aborts it;
+//   - drop_at_next_query: closes both sockets instead of forwarding the next
+//     simple query, whatever it is (a BEGIN on a connection that looked fine).
 // It fires once per arming. Listens on 127.0.0.1, ephemeral port.
 #pragma once
 
@@ -20,6 +26,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <list>
@@ -33,7 +40,7 @@ namespace bulkhead_test {
 
 class tcp_proxy {
 public:
-    enum class cut { none, drop_after_commit, drop_before_commit };
+    enum class cut { none, drop_after_commit, drop_before_commit, drop_at_next_query };
 
     /// Proxies 127.0.0.1:port() to upstream_host:upstream_port.
     tcp_proxy(std::string upstream_host, int upstream_port)
@@ -68,6 +75,9 @@ public:
         ::close(m_listener);
         m_acceptor.join();
         const std::lock_guard lock(m_mutex);
+        for (const int each : m_held) {
+            ::close(each);
+        }
         for (auto& each : m_links) {
             each.close_both();
         }
@@ -92,6 +102,21 @@ public:
     /// server looks unreachable through the proxy).
     void refuse_new(bool refuse) noexcept { m_refusing.store(refuse); }
 
+    /// While set, nothing is forwarded either way: bytes wait in the proxy,
+    /// connections stay open. Clearing it forwards what waited.
+    void silence(bool silent) noexcept { m_silent.store(silent); }
+
+    /// While set, new connections are accepted and then left unanswered (no
+    /// upstream, nothing read or sent) until the proxy is destroyed.
+    void hold_new(bool hold) noexcept { m_holding.store(hold); }
+
+    /// Connections accepted and left unanswered by hold_new.
+    [[nodiscard]] int held() const noexcept { return m_held_count.load(); }
+
+    /// Client connections open through the proxy now, and the most at once.
+    [[nodiscard]] int open_links() const noexcept { return m_open.load(); }
+    [[nodiscard]] int max_open_links() const noexcept { return m_max_open.load(); }
+
     /// How many times a cut happened.
     [[nodiscard]] int cuts() const noexcept { return m_cuts.load(); }
 
@@ -107,10 +132,12 @@ private:
         int upstream = -1;
         std::atomic<bool> swallow{false};  // drop_after_commit: eat the server's answer
         std::atomic<bool> closed{false};
+        std::atomic<int>* open = nullptr;
         std::thread client_to_upstream;
         std::thread upstream_to_client;
         void close_both() noexcept {
             if (!closed.exchange(true)) {
+                --*open;  // before the client can see the close and connect again
                 ::shutdown(client, SHUT_RDWR);
                 ::shutdown(upstream, SHUT_RDWR);
             }
@@ -152,6 +179,12 @@ private:
                 ::close(client);
                 continue;
             }
+            if (m_holding) {
+                const std::lock_guard lock(m_mutex);
+                m_held.push_back(client);
+                ++m_held_count;
+                continue;
+            }
             const int upstream = connect_upstream();
             if (upstream < 0) {
                 ::close(client);
@@ -161,6 +194,10 @@ private:
             link& added = m_links.emplace_back();
             added.client = client;
             added.upstream = upstream;
+            added.open = &m_open;
+            const int now_open = ++m_open;
+            for (int seen = m_max_open.load(); now_open > seen && !m_max_open.compare_exchange_weak(seen, now_open);) {
+            }
             added.client_to_upstream = std::thread([this, &added] { pump_client(added); });
             added.upstream_to_client = std::thread([this, &added] { pump_upstream(added); });
         }
@@ -199,6 +236,12 @@ private:
                     startup = (code == 80877103U || code == 80877104U);
                 } else if (message[0] == 'Q') {
                     ++m_queries;
+                    if (m_armed.load() == cut::drop_at_next_query &&
+                        m_armed.exchange(cut::none) == cut::drop_at_next_query) {
+                        ++m_cuts;
+                        through.close_both();
+                        return;
+                    }
                     if (is_commit(message + 5, length - 4)) {
                         ++m_commits;
                         const cut how = m_armed.exchange(cut::none);
@@ -213,6 +256,7 @@ private:
                         }
                     }
                 }
+                wait_while_silent(through);
                 if (!send_all(through.upstream, message, total)) {
                     through.close_both();
                     return;
@@ -237,6 +281,7 @@ private:
                 through.close_both();
                 return;
             }
+            wait_while_silent(through);
             if (!send_all(through.client, buffer, static_cast<std::size_t>(got))) {
                 break;
             }
@@ -244,9 +289,19 @@ private:
         through.close_both();
     }
 
-    /// True for a simple query whose last statement is COMMIT: the pool's
-    /// plain "COMMIT", and also "...; COMMIT"; `size` counts the terminating NUL.
+    void wait_while_silent(const link& through) const noexcept {
+        while (m_silent && !through.closed && !m_stopping) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+    }
+
+    /// True for a simple query whose first or last statement is COMMIT: the
+    /// pool's "COMMIT; <session reset>", and also "...; COMMIT"; `size`
+    /// counts the terminating NUL.
     static bool is_commit(const char* text, std::size_t size) noexcept {
+        if (size >= 7 && std::strncmp(text, "COMMIT", 6) == 0 && (text[6] == ';' || text[6] == '\0')) {
+            return true;
+        }
         std::size_t end = size;
         while (end > 0 &&
                (text[end - 1] == '\0' || text[end - 1] == ';' || text[end - 1] == ' ' || text[end - 1] == '\n')) {
@@ -271,6 +326,12 @@ private:
     int m_port = 0;
     std::atomic<bool> m_stopping{false};
     std::atomic<bool> m_refusing{false};
+    std::atomic<bool> m_silent{false};
+    std::atomic<bool> m_holding{false};
+    std::atomic<int> m_held_count{0};
+    std::atomic<int> m_open{0};
+    std::atomic<int> m_max_open{0};
+    std::vector<int> m_held;  // guarded by m_mutex; closed by the destructor
     std::atomic<cut> m_armed{cut::none};
     std::atomic<int> m_cuts{0};
     std::atomic<int> m_queries{0};

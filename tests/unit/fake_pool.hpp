@@ -74,6 +74,7 @@ public:
 
     // --- knobs: fail at a step ---------------------------------------------
     std::atomic<bool> fail_acquire{false};           // throws pool_timeout
+    std::atomic<bool> acquire_breaks{false};         // throws fake_failure (not a bulkhead::rejected)
     std::atomic<bool> fail_begin{false};             // throws fake_failure
     std::atomic<bool> fail_commit{false};            // throws fake_failure, nothing committed
     std::atomic<bool> fail_rollback{false};          // throws fake_failure
@@ -106,6 +107,9 @@ public:
     lease acquire(std::chrono::steady_clock::time_point /*deadline*/) {
         if (fail_acquire) {
             throw bulkhead::pool_timeout("fake_pool: no connection");
+        }
+        if (acquire_breaks) {
+            throw fake_failure("fake_pool: acquire failed");
         }
         record("acquire");
         ++acquired;

@@ -12,11 +12,16 @@
 //   both versions offer; 7's `connection::raw_connection` is private); a
 //   subclass makes it reachable, and a transaction object that is never begun
 //   reaches it for a connection outside any transaction (handle_probe).
+// - errors: libpqxx 6's transaction_rollback family (serialization_failure,
+//   deadlock_detected) is not an sql_error and carries no SQLSTATE; 7's is
+//   (throw_server_error).
 // - the gate's transaction class: libpqxx 6 begins through the virtual
 //   do_begin() and runs statements through the virtual do_exec(); libpqxx 7
 //   has neither hook (its constructor protocol is register_transaction() and
 //   direct_exec()). gate_transaction<Control> hides that: it runs
-//   Control's begin statement, and routes commit and abort to Control.
+//   Control's begin statement, routes commit and abort to Control, and on
+//   libpqxx 6 lets Control check the session around each statement of the
+//   callback (before_statement, after_statement).
 //
 // Thread safety: as libpqxx's: a connection, and everything made from it,
 // belongs to one thread at a time.
@@ -27,6 +32,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace bulkhead::detail::pqxx_compat {
@@ -181,8 +187,15 @@ private:
 
     void do_begin() override { m_control.on_begin_result(run(m_control.begin_statement)); }
     // libpqxx 6's dbtransaction aborts on any failed statement; here the
-    // gate decides, so a failure leaves the transaction for rollback().
-    pqxx::result do_exec(const char query[]) override { return direct_exec(query); }
+    // gate decides, so a failure leaves the transaction for rollback(). The
+    // control checks the session around each of the callback's statements:
+    // one that ended the transaction block throws at once.
+    pqxx::result do_exec(const char query[]) override {
+        m_control.before_statement();
+        pqxx::result answer = direct_exec(query);
+        m_control.after_statement();
+        return answer;
+    }
     void do_commit() override { m_control.on_commit(*this); }
     void do_abort() override {
         reactivation_avoidance_clear();
@@ -235,5 +248,61 @@ private:
 };
 
 #endif
+
+/// Throws what libpqxx throws for a server error with `sqlstate` in answer
+/// to `query`, for the errors a COMMIT or ROLLBACK can meet: the integrity
+/// constraint classes (a deferred constraint), the transaction rollback
+/// classes (serialization failure, deadlock), insufficient resources, and
+/// pqxx::sql_error for anything else. libpqxx 6's transaction_rollback
+/// family carries no SQLSTATE (it is not an sql_error there); 7's does.
+[[noreturn]] inline void throw_server_error(const std::string& message, const std::string& query,
+                                            const std::string& sqlstate) {
+    const char* const state = sqlstate.empty() ? nullptr : sqlstate.c_str();
+    const auto is = [&](std::string_view code) { return sqlstate == code; };
+    const auto in_class = [&](std::string_view prefix) { return sqlstate.compare(0, prefix.size(), prefix) == 0; };
+    if (is("23505")) {
+        throw pqxx::unique_violation(message, query, state);
+    }
+    if (is("23503")) {
+        throw pqxx::foreign_key_violation(message, query, state);
+    }
+    if (is("23502")) {
+        throw pqxx::not_null_violation(message, query, state);
+    }
+    if (is("23514")) {
+        throw pqxx::check_violation(message, query, state);
+    }
+    if (is("23001")) {
+        throw pqxx::restrict_violation(message, query, state);
+    }
+    if (in_class("23")) {
+        throw pqxx::integrity_constraint_violation(message, query, state);
+    }
+    if (in_class("53")) {
+        throw pqxx::insufficient_resources(message, query, state);
+    }
+#if PQXX_VERSION_MAJOR == 6
+    if (is("40001")) {
+        throw pqxx::serialization_failure(message);
+    }
+    if (is("40P01")) {
+        throw pqxx::deadlock_detected(message);
+    }
+    if (in_class("40")) {
+        throw pqxx::transaction_rollback(message);
+    }
+#else
+    if (is("40001")) {
+        throw pqxx::serialization_failure(message, query, state);
+    }
+    if (is("40P01")) {
+        throw pqxx::deadlock_detected(message, query, state);
+    }
+    if (in_class("40")) {
+        throw pqxx::transaction_rollback(message, query, state);
+    }
+#endif
+    throw pqxx::sql_error(message, query, state);
+}
 
 }  // namespace bulkhead::detail::pqxx_compat

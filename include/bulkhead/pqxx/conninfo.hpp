@@ -381,12 +381,16 @@ void scan_conninfo(std::string_view text, Visit visit) {
 }
 
 /// Throws std::invalid_argument unless libpq reads the user information of
-/// the URI `conninfo` (if it is one) as its author meant: exactly one '@'
-/// in the URI, and none after the host part. The message names the rule,
+/// the URI `conninfo` (if it is one) as its author meant: no whitespace, at
+/// most one '@', and none after the host part. The message names the rule,
 /// never the text.
 inline void check_uri_user_information(std::string_view conninfo) {
     if (!is_uri(conninfo)) {
         return;
+    }
+    if (std::any_of(conninfo.begin(), conninfo.end(), conninfo_space)) {
+        throw std::invalid_argument(
+            "bulkhead::pqxx_pool: conninfo is a URI that holds whitespace: percent-encode it (%20)");
     }
     const std::size_t body = conninfo.find("://") + 3;
     const std::size_t first_at = conninfo.find('@', body);

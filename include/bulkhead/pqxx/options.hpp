@@ -11,6 +11,7 @@
 #include <bulkhead/pqxx/conninfo.hpp>
 
 #include <libpq-fe.h>
+#include <pqxx/pqxx>
 
 #include <chrono>
 #include <cstddef>
@@ -57,6 +58,30 @@ struct pqxx_pool_options {
     /// observer hook for logging or tracing. Must not throw and must not call
     /// acquire(); it may run with the pool's mutex held. Empty: nothing is called.
     std::function<void(close_reason)> on_close{};
+    /// Called once for every new connection, on the thread that opens it,
+    /// before anyone uses it: per-connection setup (SET search_path, SET
+    /// TIME ZONE, PREPARE). What it sets for the session survives the reset
+    /// that follows every gate transaction (it is read back once, with one
+    /// round trip, and set again as part of the reset); its prepared
+    /// statements survive too. A LISTEN does not (the reset ends it). An
+    /// exception from it fails that connection attempt (its message, passwords
+    /// removed, is the pool's last connection error). Empty: nothing is called.
+    std::function<void(pqxx::connection&)> on_connect{};
+    /// Put every session back as the pool opened it after each gate
+    /// transaction and each lease used directly: settings, role, session
+    /// advisory locks, cursors, LISTEN, temporary tables (docs/pqxx_pool.md,
+    /// "Session state"). It rides in the same simple query as COMMIT or
+    /// ROLLBACK, so it costs no round trip, but six short statements of server
+    /// time per transaction. Turn it off only when no callback leaves session
+    /// state behind.
+    bool reset_session = true;
+    /// How long after a call's deadline the pool cuts a connection off when
+    /// the server has not answered by then (a frozen server, a silent
+    /// network): the socket is shut down, the waiting statement fails at
+    /// once, the connection is discarded. The server's statement_timeout,
+    /// set from the deadline, normally ends the statement first. At least
+    /// 10 ms.
+    std::chrono::milliseconds deadline_slack{250};
 };
 
 /// Transaction isolation levels (PostgreSQL's; READ UNCOMMITTED behaves as
@@ -127,6 +152,7 @@ inline void check_options(const pqxx_pool_options& options) {
     at_least("idle_timeout", options.idle_timeout, 0);
     at_least("max_lifetime", options.max_lifetime, 0);
     at_least("validate_after_idle", options.validate_after_idle, 0);
+    at_least("deadline_slack", options.deadline_slack, 10);
     if (options.application_name.find('\0') != std::string::npos) {
         fail("application_name must not contain a NUL character");
     }

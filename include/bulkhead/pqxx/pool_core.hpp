@@ -20,6 +20,8 @@
 #include <bulkhead/pqxx/conninfo.hpp>
 #include <bulkhead/pqxx/options.hpp>
 #include <bulkhead/pqxx/pooled_connection.hpp>
+#include <bulkhead/pqxx/protocol.hpp>
+#include <bulkhead/pqxx/watchdog.hpp>
 
 #include <libpq-fe.h>
 #include <pqxx/pqxx>
@@ -38,15 +40,12 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
+#include <stop_token>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
-
-#if defined(_WIN32)
-#include <winsock2.h>
-#else
-#include <poll.h>
-#endif
 
 namespace bulkhead::detail {
 
@@ -60,37 +59,6 @@ struct pool_waiter {
     std::unique_ptr<pooled_connection> handed;  // guarded by the pool's mutex; set by give_back()
     std::condition_variable wake;               // notified under the pool's mutex
 };
-
-/// Waits until `socket` has something to read (an answer, an error, or the
-/// end of the connection) or `deadline` passes. False on timeout or failure.
-inline bool wait_readable(int socket, std::chrono::steady_clock::time_point deadline) noexcept {
-    if (socket < 0) {
-        return false;
-    }
-    for (;;) {
-        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-        const int wait_ms = static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, INT_MAX));
-#if defined(_WIN32)
-        WSAPOLLFD entry{static_cast<SOCKET>(socket), POLLRDNORM, 0};
-        const int ready = ::WSAPoll(&entry, 1, wait_ms);
-#else
-        pollfd entry{socket, POLLIN, 0};
-        const int ready = ::poll(&entry, 1, wait_ms);
-#endif
-        if (ready > 0) {
-            return true;
-        }
-        if (ready == 0) {
-            if (wait_ms == 0) {
-                return false;
-            }
-            continue;  // woke a little early: the loop re-reads the clock
-        }
-        if (errno != EINTR) {
-            return false;
-        }
-    }
-}
 
 /// A few connections to close after the mutex is released: retirement never
 /// allocates, and closes at most this many per call (the rest next time).
@@ -150,14 +118,15 @@ inline bool session_idle(pooled_connection& pooled, std::chrono::steady_clock::t
 
 /// Everything a pool and its leases share. Owned by std::shared_ptr: the pool
 /// holds one reference, every lease another.
-class pool_core {
+class pool_core : public std::enable_shared_from_this<pool_core> {
 public:
     using clock = std::chrono::steady_clock;
 
     explicit pool_core(pqxx_pool_options options)
         : m_options(std::move(options)),
           m_target(make_connect_target(m_options.conninfo, m_options.application_name)),
-          m_secrets(collect_secrets(m_options.conninfo)) {
+          m_secrets(collect_secrets(m_options.conninfo)),
+          m_watchdog(m_options.max_size) {
         m_idle.reserve(m_options.max_size);
     }
 
@@ -168,6 +137,7 @@ public:
 
     [[nodiscard]] const pqxx_pool_options& options() const noexcept { return m_options; }
     [[nodiscard]] const connect_target& target() const noexcept { return m_target; }
+    [[nodiscard]] socket_watchdog& watchdog() noexcept { return m_watchdog; }
 
     /// Opens up to min_idle connections; stops at the first failure.
     void open_min_idle() {
@@ -180,7 +150,7 @@ public:
                 }
                 reserve_slot_locked();
             }
-            std::unique_ptr<pooled_connection> connection = open(until);
+            std::unique_ptr<pooled_connection> connection = open(until, {});
             if (!connection) {
                 return;
             }
@@ -188,15 +158,19 @@ public:
         }
     }
 
-    /// A connection for a lease; see pqxx_pool::acquire.
-    std::unique_ptr<pooled_connection> acquire(clock::time_point deadline) {
+    /// A connection for a lease; see pqxx_pool::acquire. Everything in it,
+    /// the wait, the check of an idle connection and the opening of a new
+    /// one, ends by min(deadline, now + connection_timeout), or at once when
+    /// `stop` is requested.
+    /// \throws pool_timeout; admission_cancelled on a stop request.
+    std::unique_ptr<pooled_connection> acquire(clock::time_point deadline, const std::stop_token& stop) {
         const auto start = clock::now();
         const auto until = std::min(deadline, saturating_add(start, m_options.connection_timeout));
         bool rejoin_at_front = false;
         for (;;) {
-            std::unique_ptr<pooled_connection> connection = take(start, until, rejoin_at_front);
+            std::unique_ptr<pooled_connection> connection = take(start, until, rejoin_at_front, stop);
             if (connection) {
-                const std::optional<close_reason> unusable = unusable_on_borrow(*connection);
+                const std::optional<close_reason> unusable = unusable_on_borrow(*connection, until);
                 if (!unusable) {
                     connection->discard = false;
                     connection->raw_access = false;
@@ -209,7 +183,7 @@ public:
                 const std::lock_guard lock(m_mutex);
                 store(m_in_use, load(m_in_use) - 1);
             }
-            if (std::unique_ptr<pooled_connection> opened = open(until)) {
+            if (std::unique_ptr<pooled_connection> opened = open(until, stop)) {
                 return opened;
             }
             rejoin_at_front = true;
@@ -372,10 +346,20 @@ private:
     /// An idle connection, or an empty pointer meaning "a slot is reserved
     /// for you: open one"; waits in line for either.
     /// \throws pool_timeout at `until`.
-    std::unique_ptr<pooled_connection> take(clock::time_point start, clock::time_point until, bool at_front) {
+    std::unique_ptr<pooled_connection> take(clock::time_point start, clock::time_point until, bool at_front,
+                                            const std::stop_token& stop) {
         retired_connections retired;  // destroyed after the lock: closes outside the mutex
         pool_waiter node;
+        // Declared before the lock, so destroyed after it is released: the
+        // callback takes the mutex, and a running one is waited for.
+        const std::stop_callback wake_on_stop(stop, [this, &node]() noexcept {
+            const std::lock_guard lock(m_mutex);
+            node.wake.notify_one();
+        });
         std::unique_lock lock(m_mutex);
+        if (stop.stop_requested()) {
+            throw admission_cancelled();
+        }
         auto now = clock::now();
         retire_expired_locked(now, retired);
         if (m_queue.empty()) {
@@ -401,6 +385,10 @@ private:
             // the connection (never lost, never given twice).
             if (node.handed) {
                 return std::move(node.handed);
+            }
+            if (stop.stop_requested()) {
+                leave_queue_locked(node);
+                throw admission_cancelled();
             }
             now = clock::now();
             const bool oldest = m_queue.front() == &node;
@@ -438,15 +426,95 @@ private:
         return message;
     }
 
-    /// Opens a connection in a slot the caller reserved. On failure gives the
-    /// slot back, records the (scrubbed) error, backs off, and returns null.
-    std::unique_ptr<pooled_connection> open(clock::time_point until) {
+    /// What a waiter in open() and the thread that connects for it share.
+    struct open_attempt {
+        std::mutex mutex;
+        std::condition_variable done_signal;            // notified under mutex
+        bool done = false;                              // guarded by mutex
+        bool abandoned = false;                         // guarded by mutex: the waiter gave up
+        std::unique_ptr<pooled_connection> connection;  // guarded by mutex
+    };
+
+    /// Opens a connection in a slot the caller reserved, waiting for it at
+    /// most until `until` or a stop request. libpq connects without a
+    /// timeout finer than whole seconds (at least 2), so the connecting runs
+    /// on a thread of its own: a caller that gives up returns at once, and
+    /// the attempt finishes alone, keeping the slot until it does; a
+    /// connection it opens then goes to the pool (the oldest waiter, or the
+    /// idle list). Null when none could be had in time.
+    std::unique_ptr<pooled_connection> open(clock::time_point until, const std::stop_token& stop) {
+        std::shared_ptr<open_attempt> attempt;
+        try {
+            attempt = std::make_shared<open_attempt>();
+            std::thread([self = shared_from_this(), attempt, until] {
+                std::unique_ptr<pooled_connection> opened = self->connect_in_slot(until);
+                std::unique_lock lock(attempt->mutex);
+                if (attempt->abandoned) {
+                    lock.unlock();
+                    if (opened) {
+                        self->give_back(std::move(opened));
+                    }
+                    return;
+                }
+                attempt->connection = std::move(opened);
+                attempt->done = true;
+                attempt->done_signal.notify_one();
+            }).detach();
+        } catch (...) {  // no thread (or no memory): connect on this one
+            return connect_in_slot(until);
+        }
+        const std::stop_callback wake_on_stop(stop, [&attempt]() noexcept {
+            const std::lock_guard lock(attempt->mutex);
+            attempt->done_signal.notify_one();
+        });
+        std::unique_lock lock(attempt->mutex);
+        while (!attempt->done && !stop.stop_requested() && clock::now() < until) {
+            attempt->done_signal.wait_until(lock, until);
+        }
+        if (attempt->done) {
+            return std::move(attempt->connection);
+        }
+        attempt->abandoned = true;
+        return nullptr;
+    }
+
+    /// Connects in a slot the caller reserved, on the calling thread, and
+    /// prepares the connection for the pool: on_connect, libpq's handle, the
+    /// cancel key, the statement guard, the reset statements. On failure
+    /// gives the slot back, records the (scrubbed) error, backs off, and
+    /// returns null.
+    std::unique_ptr<pooled_connection> connect_in_slot(clock::time_point until) noexcept {
         std::string error;
         try {
             auto record = std::make_unique<pooled_connection>();
             record->connection = pqxx_compat::open_connection(connect_string(m_target, until - clock::now()));
+            if (m_options.on_connect) {
+                m_options.on_connect(*record->connection);
+            }
             record->handle = pqxx_compat::native_handle(*record->connection);
+            if (record->handle == nullptr || !watch_transaction_block(record->handle, record->guard)) {
+                throw std::runtime_error("bulkhead::pqxx_pool: libpq's handle of the new connection is not usable");
+            }
             record->backend_pid = record->connection->backendpid();
+            record->server_version = PQserverVersion(record->handle);
+            record->cancel = std::make_shared<cancel_request>(record->handle);
+            std::string restore;
+            if (m_options.on_connect && m_options.reset_session) {
+                pqxx::nontransaction read(*record->connection);
+                restore = read.exec(session_settings_query).at(0).at(0).c_str();
+            }
+            if (m_options.reset_session) {
+                record->commit_statement = then_reset("COMMIT", restore);
+                record->rollback_statement = then_reset("ROLLBACK", restore);
+                record->reset_statement = std::string(session_reset);
+                if (!restore.empty()) {
+                    record->reset_statement.append("; ").append(restore);
+                }
+            } else {
+                record->commit_statement = "COMMIT";
+                record->rollback_statement = "ROLLBACK";
+                record->reset_statement.clear();
+            }
             record->opened_at = clock::now();
             record->idle_since = record->opened_at;
             const std::lock_guard lock(m_mutex);
@@ -456,7 +524,10 @@ private:
             m_retry_at = clock::time_point::min();
             return record;
         } catch (const std::exception& failure) {
-            error = failure.what();
+            try {
+                error = failure.what();
+            } catch (...) {  // out of memory: reported below
+            }
         } catch (...) {
             error = "unknown error";
         }
@@ -480,18 +551,33 @@ private:
 
     /// Outside the mutex, for a connection just taken from the idle list:
     /// why it must be closed instead of handed out, or nothing.
-    std::optional<close_reason> unusable_on_borrow(pooled_connection& connection) const noexcept {
+    /// Every check ends by `until`.
+    std::optional<close_reason> unusable_on_borrow(pooled_connection& connection,
+                                                   clock::time_point until) const noexcept {
         const auto now = clock::now();
         if (!connection.connection->is_open()) {
             return close_reason::broken;
+        }
+        // An idle connection the server has sent something to, unasked, has
+        // most likely been told that it is being closed (a terminated
+        // backend, a restart): reading it without blocking says so, with no
+        // round trip. Anything else it said (a notice) is checked below.
+        bool told_something = false;
+        if (has_unread_input(connection.handle)) {
+            if (PQconsumeInput(connection.handle) == 0 || PQstatus(connection.handle) == CONNECTION_BAD) {
+                return close_reason::broken;
+            }
+            told_something = true;
         }
         if (m_options.max_lifetime.count() > 0 && elapsed_ms(connection.opened_at, now) >= m_options.max_lifetime) {
             return close_reason::lifetime;
         }
         // Rounded up: with validate_after_idle = 0 every connection that was
         // idle at all is checked.
-        if (std::chrono::ceil<std::chrono::milliseconds>(now - connection.idle_since) > m_options.validate_after_idle &&
-            !check_idle_session(*connection.connection, saturating_add(now, m_options.validation_timeout))) {
+        const bool due = told_something || std::chrono::ceil<std::chrono::milliseconds>(now - connection.idle_since) >
+                                               m_options.validate_after_idle;
+        if (due && !check_idle_session(*connection.connection,
+                                       std::min(until, saturating_add(now, m_options.validation_timeout)))) {
             return close_reason::validation_failed;
         }
         return std::nullopt;
@@ -501,7 +587,9 @@ private:
     /// must be closed instead of kept, or nothing.
     std::optional<close_reason> unusable_on_return(pooled_connection& connection,
                                                    clock::time_point now) const noexcept {
-        if (connection.discard) {
+        // A cancel still on its way would hit the next borrower's statement.
+        if (connection.discard ||
+            (connection.cancel && !connection.cancel->settled_within(std::chrono::milliseconds(100)))) {
             return close_reason::discarded;
         }
         if (!connection.connection->is_open()) {
@@ -512,7 +600,10 @@ private:
         }
         if (connection.raw_access) {
             connection.raw_access = false;
-            if (!session_idle(connection, saturating_add(now, m_options.validation_timeout))) {
+            const clock::time_point until = saturating_add(now, m_options.validation_timeout);
+            if (!session_idle(connection, until) ||
+                (m_options.reset_session &&
+                 !run_before(connection.handle, connection.reset_statement.c_str(), until))) {
                 return close_reason::validation_failed;
             }
         }
@@ -555,6 +646,7 @@ private:
     const pqxx_pool_options m_options;         // immutable after construction
     const connect_target m_target;             // immutable after construction
     const std::vector<std::string> m_secrets;  // immutable after construction: passwords to scrub
+    socket_watchdog m_watchdog;                // cuts off connections past their call's deadline
 
     mutable std::mutex m_mutex;
     std::vector<std::unique_ptr<pooled_connection>> m_idle;        // guarded by m_mutex; most recently returned last

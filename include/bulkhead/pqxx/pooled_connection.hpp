@@ -7,11 +7,15 @@
 // while idle.
 #pragma once
 
+#include <bulkhead/pqxx/protocol.hpp>
+
 #include <libpq-fe.h>
 #include <pqxx/pqxx>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
+#include <string>
 
 namespace bulkhead::detail {
 
@@ -31,6 +35,22 @@ struct pooled_connection {
     // reads libpq's transaction status through it instead of asking the server.
     PGconn* handle = nullptr;
     int backend_pid = 0;
+    int server_version = 0;  // PQserverVersion, for the names of the xact functions
+    // Watches the callback's statements (registered with libpq as an event
+    // procedure on `handle`; needs this stable address).
+    block_guard guard;
+    // The backend's cancel key, made when the connection was opened, on the
+    // thread that opened it; shared with a send still in flight.
+    std::shared_ptr<cancel_request> cancel;
+    // "COMMIT; <reset>; <restore>" and "ROLLBACK; <reset>; <restore>", made
+    // once when the connection was opened (protocol.hpp: then_reset), and the
+    // reset alone for a session returned from raw use.
+    std::string commit_statement;
+    std::string rollback_statement;
+    std::string reset_statement;
+    // Set by the deadline watchdog, from its own thread, when it cut this
+    // connection off; read by the lease's thread after its statement failed.
+    std::atomic<bool> cut_by_watchdog{false};
 };
 
 }  // namespace bulkhead::detail

@@ -8,24 +8,55 @@
 //   resolution is on, in one simple query (one round trip);
 // - status checks from libpq's record of the server's last ReadyForQuery
 //   (PQtransactionStatus): no round trip;
-// - the words of a commit outcome (committed, aborted, unknown).
+// - the guard on the callback's statements: a libpq event procedure sees
+//   every result the server sends; one that ended the transaction block
+//   (COMMIT, ROLLBACK, PREPARE TRANSACTION from the callback) shuts the
+//   connection's write side at once, so no later statement can reach the
+//   server and run outside the transaction (block_guard);
+// - the session reset that follows the gate's own COMMIT or ROLLBACK in the
+//   same simple query (session_reset): no round trip of its own;
+// - a cancel request sent from a thread of its own (cancel_request), so the
+//   thread that asks never waits on the network;
+// - the lost-commit lookup: the server's function names by version.
 //
 // Guarantees: only integers and fixed keywords go into a statement built
 // here; nothing here sends anything unless its comment says so.
-// Thread safety: a PGconn* belongs to one thread at a time.
+// Thread safety: a PGconn* belongs to one thread at a time; block_guard is
+// touched only by that thread (libpq calls the event procedure there);
+// cancel_request::send may be called from any thread.
 #pragma once
 
+#include <bulkhead/pqxx/conninfo.hpp>
 #include <bulkhead/pqxx/options.hpp>
 
+#include <libpq-events.h>
 #include <libpq-fe.h>
 
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
+#include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <utility>
+
+#if defined(_WIN32)
+#include <winsock2.h>
+#else
+#include <poll.h>
+#include <sys/socket.h>
+#endif
 
 namespace bulkhead::detail {
 
@@ -45,6 +76,196 @@ namespace bulkhead::detail {
 
 /// What the server said about a transaction whose COMMIT was lost.
 enum class commit_status : std::uint8_t { committed, aborted, unknown };
+
+/// The statement that reads the transaction id, for a server of version
+/// `server_version` (PQserverVersion): pg_current_xact_id() from 13 on,
+/// txid_current() before.
+[[nodiscard]] constexpr std::string_view current_xact_id(int server_version) noexcept {
+    return server_version >= 130000 ? "SELECT pg_current_xact_id()" : "SELECT txid_current()";
+}
+
+/// The function that reads a transaction's status, by server version.
+[[nodiscard]] constexpr std::string_view xact_status_function(int server_version) noexcept {
+    return server_version >= 130000 ? "pg_xact_status" : "txid_status";
+}
+
+/// The statement asking what became of transaction `xid`.
+[[nodiscard]] inline std::string xact_status_query(int server_version, std::int64_t xid) {
+    std::string query = "SELECT ";
+    query.append(xact_status_function(server_version));
+    // xid8 has no cast from integer types; from text it has.
+    query.append(server_version >= 130000 ? "('" : "(").append(std::to_string(xid));
+    query.append(server_version >= 130000 ? "'::xid8)" : ")");
+    return query;
+}
+
+/// Waits until `socket` is ready to read (an answer, an error, or the end
+/// of the connection), or to write when `for_writing`, or `deadline`
+/// passes. False on timeout or failure.
+inline bool wait_socket(int socket, bool for_writing, std::chrono::steady_clock::time_point deadline) noexcept {
+    if (socket < 0) {
+        return false;
+    }
+    for (;;) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        const int wait_ms = static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, INT_MAX));
+#if defined(_WIN32)
+        WSAPOLLFD entry{static_cast<SOCKET>(socket), static_cast<SHORT>(for_writing ? POLLWRNORM : POLLRDNORM), 0};
+        const int ready = ::WSAPoll(&entry, 1, wait_ms);
+#else
+        pollfd entry{socket, static_cast<short>(for_writing ? POLLOUT : POLLIN), 0};
+        const int ready = ::poll(&entry, 1, wait_ms);
+#endif
+        if (ready > 0) {
+            return true;
+        }
+        if (ready == 0) {
+            if (wait_ms == 0) {
+                return false;
+            }
+            continue;  // woke a little early: the loop re-reads the clock
+        }
+        if (errno != EINTR) {
+            return false;
+        }
+    }
+}
+
+/// Waits until `socket` has something to read, or `deadline` passes.
+inline bool wait_readable(int socket, std::chrono::steady_clock::time_point deadline) noexcept {
+    return wait_socket(socket, false, deadline);
+}
+
+/// True when the server has sent something on an idle connection that
+/// nobody has read yet: most often that it is closing the connection (a
+/// terminated backend, a restart). Looks without waiting.
+[[nodiscard]] inline bool has_unread_input(PGconn* connection) noexcept {
+    return connection != nullptr && wait_readable(PQsocket(connection), std::chrono::steady_clock::now());
+}
+
+/// A libpq connection of the pool's own, for short lookups: PQfinish on
+/// destruction.
+class owned_pgconn {
+public:
+    explicit owned_pgconn(PGconn* connection) noexcept : m_connection(connection) {}
+    owned_pgconn(const owned_pgconn&) = delete;
+    owned_pgconn& operator=(const owned_pgconn&) = delete;
+    ~owned_pgconn() {
+        if (m_connection != nullptr) {
+            PQfinish(m_connection);
+        }
+    }
+    [[nodiscard]] PGconn* get() const noexcept { return m_connection; }
+
+private:
+    PGconn* m_connection;
+};
+
+/// Connects without blocking past `deadline` (libpq's asynchronous
+/// connect, PQconnectStart and PQconnectPoll). Null on failure or timeout.
+[[nodiscard]] inline std::unique_ptr<owned_pgconn> connect_before(const std::string& conninfo,
+                                                                  std::chrono::steady_clock::time_point deadline) {
+    auto connection = std::make_unique<owned_pgconn>(PQconnectStart(conninfo.c_str()));
+    if (connection->get() == nullptr || PQstatus(connection->get()) == CONNECTION_BAD) {
+        return nullptr;
+    }
+    for (PostgresPollingStatusType state = PGRES_POLLING_WRITING;;) {
+        if (state == PGRES_POLLING_OK) {
+            return connection;
+        }
+        if (state == PGRES_POLLING_FAILED ||
+            !wait_socket(PQsocket(connection->get()), state == PGRES_POLLING_WRITING, deadline)) {
+            return nullptr;
+        }
+        state = PQconnectPoll(connection->get());
+    }
+}
+
+/// Runs `sql` (one statement returning one value) without waiting past
+/// `deadline`. The value as text, or nothing on any failure, a NULL
+/// included.
+[[nodiscard]] inline std::optional<std::string> query_value_before(PGconn* connection, const std::string& sql,
+                                                                   std::chrono::steady_clock::time_point deadline) {
+    if (PQsendQuery(connection, sql.c_str()) == 0) {
+        return std::nullopt;
+    }
+    std::optional<std::string> value;
+    bool failed = false;
+    for (;;) {
+        while (PQisBusy(connection) != 0) {
+            if (!wait_readable(PQsocket(connection), deadline) || PQconsumeInput(connection) == 0) {
+                return std::nullopt;  // the connection is dropped unread: nobody reuses it
+            }
+        }
+        PGresult* result = PQgetResult(connection);
+        if (result == nullptr) {
+            break;
+        }
+        if (PQresultStatus(result) == PGRES_TUPLES_OK && PQntuples(result) == 1 && PQnfields(result) == 1 &&
+            PQgetisnull(result, 0, 0) == 0) {
+            value.emplace(PQgetvalue(result, 0, 0));
+        } else {
+            failed = true;
+        }
+        PQclear(result);
+    }
+    return failed ? std::nullopt : value;
+}
+
+/// Runs `sql` (one or more statements) without waiting past `deadline`.
+/// True when every statement succeeded and the connection is still good;
+/// on false the connection must not be reused (an answer may be pending).
+[[nodiscard]] inline bool run_before(PGconn* connection, const char* sql,
+                                     std::chrono::steady_clock::time_point deadline) noexcept {
+    if (connection == nullptr || PQsendQuery(connection, sql) == 0) {
+        return false;
+    }
+    bool ok = true;
+    for (;;) {
+        while (PQisBusy(connection) != 0) {
+            if (!wait_readable(PQsocket(connection), deadline) || PQconsumeInput(connection) == 0) {
+                return false;
+            }
+        }
+        PGresult* result = PQgetResult(connection);
+        if (result == nullptr) {
+            break;
+        }
+        const ExecStatusType status = PQresultStatus(result);
+        ok = ok && (status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK);
+        PQclear(result);
+    }
+    return ok && PQstatus(connection) == CONNECTION_OK;
+}
+
+/// Asks the server, on a connection of its own made from `target`, what
+/// became of transaction `xid`; retries while that transaction is still
+/// "in progress" (its backend is still ending it) or the server cannot be
+/// reached, never past `until`. Every wait is bounded by `until`, the
+/// connection attempt included.
+inline commit_status read_commit_status(const connect_target& target, int server_version, std::int64_t xid,
+                                        std::chrono::steady_clock::time_point until) noexcept {
+    using clock = std::chrono::steady_clock;
+    for (auto pause = std::chrono::milliseconds(10);; pause = std::min(pause * 2, std::chrono::milliseconds(200))) {
+        try {
+            if (const auto connection = connect_before(connect_string(target, until - clock::now()), until)) {
+                const std::optional<std::string> said =
+                    query_value_before(connection->get(), xact_status_query(server_version, xid), until);
+                if (said == "committed") {
+                    return commit_status::committed;
+                }
+                if (said == "aborted") {
+                    return commit_status::aborted;
+                }
+            }
+        } catch (...) {  // out of memory: as unreachable
+        }
+        if (clock::now() + pause >= until) {
+            return commit_status::unknown;
+        }
+        std::this_thread::sleep_for(pause);
+    }
+}
 
 /// \throws std::invalid_argument for a timeout outside [0, INT_MAX] ms.
 template <class Options>
@@ -87,5 +308,221 @@ std::string begin_statement(const Options& options) {
 /// bounded by `deadline` (a server that is gone, stopped or cut off by the
 /// network); on a timeout the connection is closed, since the answer may still
 /// come and nobody may read it. libpqxx offers no non-blocking way to finish
+
+// --- the guard on the callback's statements ---------------------------------
+
+/// Watches the results of one connection while the gate's callback runs on
+/// it. Lives in the pooled connection (a stable address, handed to libpq as
+/// the event procedure's pass-through pointer). Owned by the thread that uses
+/// the connection.
+struct block_guard {
+    bool armed = false;  // the callback's statements are running
+    bool ended = false;  // one of them ended the transaction block
+    // SAVEPOINT results minus RELEASE results since arming: never below the
+    // number of savepoints that exist (RELEASE may free several), so with 0
+    // no savepoint exists and a "ROLLBACK" result cannot be ROLLBACK TO.
+    int savepoints = 0;
+
+    void arm() noexcept {
+        armed = true;
+        ended = false;
+        savepoints = 0;
+    }
+    void disarm() noexcept { armed = false; }
+};
+
+/// True when a statement whose command tag is `tag` ended the transaction
+/// block it ran in. COMMIT and END say "COMMIT" (and COMMIT of a failed
+/// transaction says "ROLLBACK"); ROLLBACK and ABORT say "ROLLBACK", and so
+/// does ROLLBACK TO SAVEPOINT, which is told apart by the savepoint count.
+[[nodiscard]] constexpr bool ends_transaction_block(std::string_view tag, int savepoints) noexcept {
+    return tag == "COMMIT" || tag == "PREPARE TRANSACTION" || (tag == "ROLLBACK" && savepoints == 0);
+}
+
+/// Shuts the write side of the connection's socket: what was sent is still
+/// answered and read; the next statement fails on the client (libpq reports
+/// the connection lost) before any of it reaches the server.
+inline void stop_sending(PGconn* connection) noexcept {
+    const int socket = PQsocket(connection);
+    if (socket >= 0) {
+#if defined(_WIN32)
+        (void)::shutdown(static_cast<SOCKET>(socket), SD_SEND);
+#else
+        (void)::shutdown(socket, SHUT_WR);
+#endif
+    }
+}
+
+/// libpq's event procedure for block_guard (PGEventProc): called on the
+/// connection's own thread for each result libpq builds from the server's
+/// answer, before the call that sent the statement returns.
+inline int block_guard_event(PGEventId event, void* info, void* pass_through) noexcept {
+    if (event != PGEVT_RESULTCREATE || pass_through == nullptr) {
+        return 1;
+    }
+    block_guard& guard = *static_cast<block_guard*>(pass_through);
+    if (!guard.armed || guard.ended) {
+        return 1;
+    }
+    const auto& created = *static_cast<PGEventResultCreate*>(info);
+    const std::string_view tag = PQcmdStatus(created.result);
+    if (tag == "SAVEPOINT") {
+        ++guard.savepoints;
+    } else if (tag == "RELEASE") {
+        guard.savepoints = std::max(0, guard.savepoints - 1);
+    } else if (ends_transaction_block(tag, guard.savepoints)) {
+        guard.ended = true;
+        stop_sending(created.conn);
+    }
+    return 1;  // never fails the result: what the server did, it did
+}
+
+/// Registers `guard` with `connection` (once, when the pool opens it).
+/// False when libpq refuses (out of memory).
+[[nodiscard]] inline bool watch_transaction_block(PGconn* connection, block_guard& guard) noexcept {
+    return connection != nullptr &&
+           PQregisterEventProc(connection, block_guard_event, "bulkhead block_guard", &guard) != 0;
+}
+
+// --- the session reset --------------------------------------------------------
+
+/// What puts a session back as the pool opened it: settings (SET, SET
+/// SESSION, set_config), role and session authorization, session advisory
+/// locks, cursors (WITH HOLD ones included), LISTEN registrations and
+/// temporary tables. Prepared statements stay (on_connect prepares those that
+/// are meant to). It follows the gate's COMMIT or ROLLBACK in the same simple
+/// query, where it runs in an implicit transaction of its own: no round trip
+/// of its own, and a failure in it cannot touch the transaction before it.
+/// DISCARD ALL would do most of this but cannot run in a multi-statement
+/// query.
+inline constexpr std::string_view session_reset =
+    "RESET ALL; SET SESSION AUTHORIZATION DEFAULT; SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; "
+    "DISCARD TEMP";
+
+/// Run once on a new connection after on_connect: a statement that sets
+/// again what on_connect set for the session (RESET ALL undoes it), or an
+/// empty string. set_config() takes each value as SHOW shows it; %L quotes.
+inline constexpr const char* session_settings_query =
+    "SELECT coalesce('SELECT ' || string_agg(format('set_config(%L, %L, false)', name, current_setting(name)), "
+    "', '), '') FROM pg_settings WHERE source = 'session'";
+
+/// `first` (COMMIT or ROLLBACK), then the reset, then `restore` (what
+/// session_settings_query returned, possibly empty), as one simple query.
+[[nodiscard]] inline std::string then_reset(std::string_view first, std::string_view restore) {
+    std::string statement;
+    statement.reserve(first.size() + session_reset.size() + restore.size() + 4);
+    statement.append(first).append("; ").append(session_reset);
+    if (!restore.empty()) {
+        statement.append("; ").append(restore);
+    }
+    return statement;
+}
+
+/// Sends `sql` as one simple query and reads every result, calling
+/// `on_result(index, result)` (noexcept) for each. True when the connection
+/// is still good after the last one; false when it broke (or the query could
+/// not be sent), in which case some results may be missing.
+template <class OnResult>
+bool run_simple_query(PGconn* connection, const char* sql, OnResult&& on_result) noexcept {
+    static_assert(noexcept(on_result(std::size_t{}, std::declval<const PGresult&>())));
+    if (connection == nullptr || PQsendQuery(connection, sql) == 0) {
+        return false;
+    }
+    std::size_t index = 0;
+    while (PGresult* result = PQgetResult(connection)) {
+        on_result(index++, *result);
+        PQclear(result);
+    }
+    return PQstatus(connection) == CONNECTION_OK;
+}
+
+// --- cancel requests ------------------------------------------------------------
+
+/// A cancel request for one connection's backend. Made on the thread that
+/// owns the connection (PQgetCancel reads the connection); sent from a
+/// thread of its own (PQcancel connects to the server and waits for it), so
+/// that the thread asking for the cancel, a stop callback say, returns at
+/// once. in_flight() says whether a send has not finished: a connection
+/// whose cancel is still in flight must not be handed to another borrower,
+/// whose statement the late cancel would hit.
+/// \note How long one send can take is bounded by the operating system's
+/// TCP connect timeout and the connection's keepalive settings (libpq's
+/// PQcancel has no timeout of its own); at most max_senders sends run at
+/// once in the process, and a request beyond that is not sent.
+class cancel_request {
+public:
+    /// Sends at once in the whole process, at most.
+    static constexpr int max_senders = 64;
+
+    explicit cancel_request(PGconn* connection) noexcept
+        : m_cancel(connection != nullptr ? PQgetCancel(connection) : nullptr) {}
+    cancel_request(const cancel_request&) = delete;
+    cancel_request& operator=(const cancel_request&) = delete;
+    ~cancel_request() {
+        if (m_cancel != nullptr) {
+            PQfreeCancel(m_cancel);
+        }
+    }
+
+    /// True while a send has not finished. acquire: what the sender did
+    /// happens-before a caller that reads false.
+    [[nodiscard]] bool in_flight() const noexcept { return m_in_flight.load(std::memory_order_acquire); }
+
+    /// Waits until no send is in flight, at most `patience`; true when none
+    /// is. A cancel to a healthy server completes in well under a
+    /// millisecond, so a connection whose cancel raced its statement's end is
+    /// kept; one whose cancel is not answered is not waited for long.
+    [[nodiscard]] bool settled_within(std::chrono::milliseconds patience) noexcept {
+        if (!in_flight()) {
+            return true;
+        }
+        std::unique_lock lock(m_mutex);
+        return m_sent.wait_for(lock, patience, [this] { return !in_flight(); });
+    }
+
+    /// Starts sending `request` on a thread of its own and returns at once.
+    /// False when nothing was started: no request, one already in flight,
+    /// max_senders already running, or no thread could be made.
+    static bool send(const std::shared_ptr<cancel_request>& request) noexcept {
+        if (!request || request->m_cancel == nullptr ||
+            request->m_in_flight.exchange(true, std::memory_order_acq_rel)) {
+            return false;
+        }
+        // relaxed: a count, it orders nothing.
+        if (senders().fetch_add(1, std::memory_order_relaxed) >= max_senders) {
+            senders().fetch_sub(1, std::memory_order_relaxed);
+            request->m_in_flight.store(false, std::memory_order_release);
+            return false;
+        }
+        try {
+            std::thread([request] {
+                std::array<char, 256> error{};
+                (void)PQcancel(request->m_cancel, error.data(), static_cast<int>(error.size()));
+                {
+                    const std::lock_guard lock(request->m_mutex);
+                    request->m_in_flight.store(false, std::memory_order_release);
+                }
+                request->m_sent.notify_all();
+                senders().fetch_sub(1, std::memory_order_relaxed);
+            }).detach();
+            return true;
+        } catch (...) {
+            senders().fetch_sub(1, std::memory_order_relaxed);
+            request->m_in_flight.store(false, std::memory_order_release);
+            return false;
+        }
+    }
+
+private:
+    static std::atomic<int>& senders() noexcept {
+        static std::atomic<int> running{0};
+        return running;
+    }
+
+    PGcancel* m_cancel;                    // immutable; PQcancel may use it from any thread
+    std::atomic<bool> m_in_flight{false};  // set by send(), cleared by the sending thread under m_mutex
+    std::mutex m_mutex;                    // orders the clearing with settled_within's wait
+    std::condition_variable m_sent;        // notified when a send finished
+};
 
 }  // namespace bulkhead::detail

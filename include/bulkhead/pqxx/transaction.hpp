@@ -28,6 +28,7 @@
 #include <bulkhead/pqxx/conninfo.hpp>
 #include <bulkhead/pqxx/pooled_connection.hpp>
 #include <bulkhead/pqxx/protocol.hpp>
+#include <bulkhead/pqxx/watchdog.hpp>
 
 #include <libpq-fe.h>
 #include <pqxx/pqxx>
@@ -51,10 +52,19 @@ using gate_transaction = pqxx_compat::gate_transaction<transaction_control>;
 /// What a gate transaction knows beyond libpqxx's own bookkeeping; the same
 /// for every libpqxx version. Used only by the thread that holds the lease.
 struct transaction_control {
+    using clock = std::chrono::steady_clock;
+
     /// The message of the std::logic_error for commit or rollback requested
     /// from inside the gate's callback.
     static constexpr const char* refusal =
         "bulkhead: commit/rollback inside the gate's callback is refused; the gate commits after the callback returns";
+    /// The message of the std::logic_error for a statement of the callback
+    /// that ended the transaction block itself (COMMIT, ROLLBACK, END, ABORT,
+    /// PREPARE TRANSACTION).
+    static constexpr const char* block_ended =
+        "bulkhead: a statement of the gate's callback ended the transaction block (COMMIT, ROLLBACK, END, ABORT or "
+        "PREPARE TRANSACTION); the connection sends nothing more and is discarded, the call fails; the gate commits "
+        "after the callback returns";
     /// The message of the pqxx::sql_error (SQLSTATE 25P02) for a commit of a
     /// transaction in which a statement had failed.
     static constexpr const char* failed_transaction =
@@ -62,144 +72,210 @@ struct transaction_control {
         "has aborted the transaction (SQLSTATE 25P02: current transaction is aborted); COMMIT was not sent, "
         "rollback() ends it";
 
-    pooled_connection* owner = nullptr;          // the leased connection; outlives the transaction
-    std::string begin_statement;                 // BEGIN ... [; SET LOCAL ...][; SELECT txid_current()], integers only
-    const connect_target* target = nullptr;      // to read a lost COMMIT's outcome; the lease keeps it alive
-    std::chrono::milliseconds settle_budget{0};  // how long reading that outcome may take
-    bool read_only = false;                      // BEGIN ... READ ONLY: nothing can have been written
-    bool track_txid = false;                     // the BEGIN statement ends with SELECT txid_current()
-    std::int64_t txid = -1;                      // that txid, when tracked
-    bool timeout_from_deadline = false;          // statement_timeout was set from the call's deadline
-    bool lock_timeout_from_deadline = false;     // lock_timeout was set from the call's deadline
-    bool permitted = false;                      // set by pqxx_pool::commit/rollback around their call into libpqxx
-    bool closing = false;                        // the destructor is ending the transaction
-    bool backend_open = false;                   // BEGIN ran and no COMMIT/ROLLBACK has ended it
-    bool in_doubt = false;                       // the connection was lost during COMMIT
-    bool refused = false;                        // the callback called commit() or abort()
-    std::exception_ptr abort_failure;            // a ROLLBACK that failed inside libpqxx's abort()
+    pooled_connection* owner = nullptr;      // the leased connection; outlives the transaction
+    std::string begin_statement;             // BEGIN ... [; SET LOCAL ...][; SELECT <xact id>], integers only
+    const connect_target* target = nullptr;  // to read a lost COMMIT's outcome; the lease keeps it alive
+    clock::time_point settle_until{};        // reading that outcome ends by then
+    clock::time_point deadline = clock::time_point::max();  // the call's, or max()
+    bool read_only = false;                                 // BEGIN ... READ ONLY: nothing can have been written
+    bool track_txid = false;                                // the BEGIN statement ends with the transaction id query
+    std::int64_t txid = -1;                                 // that id, when tracked
+    bool timeout_from_deadline = false;                     // statement_timeout was set from the call's deadline
+    bool lock_timeout_from_deadline = false;                // lock_timeout was set from the call's deadline
+    bool permitted = false;               // set by pqxx_pool::commit/rollback around their call into libpqxx
+    bool closing = false;                 // the destructor is ending the transaction
+    bool backend_open = false;            // BEGIN ran and no COMMIT/ROLLBACK has ended it
+    bool in_doubt = false;                // the connection was lost during COMMIT
+    bool refused = false;                 // the callback called commit() or abort()
+    bool reset_pending = false;           // a COMMIT failed on the server: its reset did not run
+    std::exception_ptr abort_failure;     // a ROLLBACK that failed inside libpqxx's abort()
+    socket_watchdog* watchdog = nullptr;  // the pool's, when a deadline is armed
+    socket_watchdog::ticket watch = 0;    // the armed entry, or 0
 
-    void on_begun() noexcept { backend_open = true; }
+    void on_begun() noexcept {
+        backend_open = true;
+        owner->guard.arm();  // from here on the callback's statements run
+    }
     void on_begin_result(const pqxx::result& answer) {
         if (track_txid) {
             txid = answer.at(0).at(0).as<std::int64_t>();
         }
     }
     void settle_lost_commit(const std::exception& cause);
-    void on_begin_failed() noexcept { owner->discard = true; }
+    void on_begin_failed() noexcept {
+        owner->discard = true;
+        disarm_watchdog();
+    }
     void on_closed() noexcept {
-        if (backend_open) {
-            owner->discard = true;  // never ended on the server: nobody may reuse the session
+        owner->guard.disarm();
+        if (backend_open || owner->guard.ended) {
+            owner->discard = true;  // never ended on the server, or cut off: nobody may reuse the session
         }
+        disarm_watchdog();
     }
     void on_commit(gate_transaction& tx);
     void on_abort(gate_transaction& tx);
+
+    /// Before a statement of the callback is sent (libpqxx 6's do_exec; 7
+    /// has no such hook and relies on block_guard's shut write side).
+    /// \throws std::logic_error when an earlier statement ended the block.
+    void before_statement() const {
+        if (owner->guard.ended) {
+            throw std::logic_error(block_ended);
+        }
+    }
+    /// After a statement of the callback returned: one that ended the block
+    /// (also a ROLLBACK that block_guard could not tell from ROLLBACK TO
+    /// SAVEPOINT) throws at once, and nothing more is sent.
+    /// \throws std::logic_error.
+    void after_statement() {
+        if (owner->guard.armed && !owner->guard.ended && PQtransactionStatus(owner->handle) == PQTRANS_IDLE) {
+            owner->guard.ended = true;
+            stop_sending(owner->handle);
+        }
+        before_statement();
+    }
+
+    /// True when a statement of the callback ended the transaction block.
+    [[nodiscard]] bool ended_by_callback() const noexcept {
+        return owner->guard.ended ||
+               (owner->guard.armed && owner->handle != nullptr && PQtransactionStatus(owner->handle) == PQTRANS_IDLE);
+    }
+
+    /// True when the deadline watchdog cut the connection off.
+    [[nodiscard]] bool cut_by_watchdog() const noexcept {
+        return owner->cut_by_watchdog.load(std::memory_order_acquire);
+    }
+
+    void disarm_watchdog() noexcept {
+        if (watchdog != nullptr) {
+            watchdog->disarm(std::exchange(watch, 0));
+        }
+    }
 
     /// pqxx_pool::commit and pqxx_pool::rollback.
     static void commit(gate_transaction& tx);
     static void rollback(gate_transaction& tx);
 };
 
-inline void transaction_control::on_commit(gate_transaction& tx) {
+/// Turns a failed result of the gate's own COMMIT or ROLLBACK into the
+/// exception libpqxx would have thrown.
+[[noreturn]] inline void throw_sql_error(const std::string& message, const std::string& statement,
+                                         const std::string& sqlstate) {
+    pqxx_compat::throw_server_error(one_line(message), statement, sqlstate);
+}
+
+/// What the server answered to the first statement of a simple query that
+/// carries a reset after it.
+struct first_answer {
+    bool answered = false;     // a result for the first statement arrived
+    bool succeeded = false;    // and it was a success
+    bool rest_failed = false;  // a statement after it (the reset) failed
+    std::string message;       // the first statement's error, when it failed
+    std::string sqlstate;      // and its SQLSTATE
+
+    void record(std::size_t index, const PGresult& result) noexcept {
+        const ExecStatusType status = PQresultStatus(&result);
+        const bool ok = status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK;
+        if (index != 0) {
+            rest_failed = rest_failed || !ok;
+            return;
+        }
+        answered = true;
+        succeeded = ok;
+        if (!ok) {
+            try {
+                message = PQresultErrorMessage(&result);
+                const char* state = PQresultErrorField(&result, PG_DIAG_SQLSTATE);
+                sqlstate = state != nullptr ? state : "";
+            } catch (...) {  // out of memory: the failure is still recorded
+            }
+        }
+    }
+};
+
+inline void transaction_control::on_commit(gate_transaction& /*tx*/) {
     if (!permitted) {
         refused = true;
         throw std::logic_error(refusal);
     }
+    if (ended_by_callback()) {
+        throw std::logic_error(block_ended);
+    }
+    PGconn* const handle = owner->handle;
     // COMMIT of a transaction in which a statement failed (an error the
     // callback caught) rolls back and reports success. libpq knows that state
     // from the server's last answer (PQtransactionStatus: PQTRANS_INERROR):
     // COMMIT is then not sent, and the caller gets what any statement gets
     // there, SQLSTATE 25P02; the transaction stays open, for rollback().
-    if (in_failed_transaction(pqxx_compat::native_handle(tx))) {
+    if (in_failed_transaction(handle)) {
         throw pqxx::sql_error(failed_transaction, "COMMIT", "25P02");
     }
-    try {
-        (void)tx.run("COMMIT");
-    } catch (const pqxx::in_doubt_error& unknown) {
-        settle_lost_commit(unknown);
-        return;
-    } catch (const pqxx::statement_completion_unknown& unknown) {
-        settle_lost_commit(unknown);
-        return;
-    } catch (const pqxx::sql_error& error) {
-        if (!tx.conn().is_open()) {
-            settle_lost_commit(error);
+    // COMMIT, then the session reset, in one simple query; each result is
+    // read on its own, so the COMMIT's outcome is never mixed up with the
+    // reset's.
+    first_answer answer;
+    const bool alive =
+        run_simple_query(handle, owner->commit_statement.c_str(),
+                         [&](std::size_t index, const PGresult& result) noexcept { answer.record(index, result); });
+    if (!answer.answered || (!answer.succeeded && !alive)) {
+        try {
+            throw pqxx::broken_connection(std::string(PQerrorMessage(handle)));
+        } catch (const std::exception& lost) {
+            settle_lost_commit(lost);
             return;
         }
-        // The server answered. A failed COMMIT ends the transaction; libpq's
-        // status says so without a round trip.
-        backend_open = inside_transaction_block(pqxx_compat::native_handle(tx));
-        throw;
-    } catch (const std::exception& failure) {
-        if (!tx.conn().is_open()) {
-            settle_lost_commit(failure);
-            return;
-        }
-        throw;  // not sent (a client-side error): the transaction is still open
+    }
+    if (!answer.succeeded) {
+        // The server answered: a failed COMMIT ends the transaction (libpq's
+        // status says so without a round trip); the reset after it did not
+        // run, so the session is not trusted again.
+        backend_open = inside_transaction_block(handle);
+        reset_pending = true;
+        throw_sql_error(answer.message, "COMMIT", answer.sqlstate);
     }
     backend_open = false;
-}
-
-/// Asks the server, on a fresh connection, what became of transaction
-/// `txid`. Retries while the old backend is still finishing ("in progress")
-/// or the server cannot be reached, for at most `budget`.
-inline commit_status read_commit_status(const connect_target& target, std::int64_t txid,
-                                        std::chrono::milliseconds budget) noexcept {
-    using clock = std::chrono::steady_clock;
-    const auto until = clock::now() + budget;
-    for (auto pause = std::chrono::milliseconds(10);; pause = std::min(pause * 2, std::chrono::milliseconds(200))) {
-        try {
-            const auto connection = pqxx_compat::open_connection(connect_string(target, until - clock::now()));
-            pqxx::nontransaction query(*connection);
-            const pqxx::row status = query.exec1("SELECT txid_status(" + std::to_string(txid) + ")");
-            if (status[0].is_null()) {
-                return commit_status::unknown;  // wrapped around, or never assigned
-            }
-            const auto said = status[0].as<std::string>();
-            if (said == "committed") {
-                return commit_status::committed;
-            }
-            if (said == "aborted") {
-                return commit_status::aborted;
-            }
-        } catch (...) {  // the server is unreachable for now: try again while the budget lasts
-        }
-        if (clock::now() + pause >= until) {
-            return commit_status::unknown;
-        }
-        std::this_thread::sleep_for(pause);
+    if (answer.rest_failed || !alive) {
+        owner->discard = true;  // committed; the reset did not complete
     }
 }
 
-/// Called inside the catch handler for a COMMIT whose connection was lost.
-/// Returns (the COMMIT counts as done) when the server confirms the
-/// transaction committed; otherwise throws: pqxx::broken_connection when it
-/// confirms the rollback, or when nothing could have been written (read
-/// only); bulkhead::commit_unknown, with the original nested, when the
-/// outcome cannot be had.
+/// Called for a COMMIT whose connection was lost. Returns (the COMMIT counts
+/// as done) when the server confirms the transaction committed; otherwise
+/// throws: pqxx::broken_connection when it confirms the rollback, or when
+/// nothing could have been written (read only); bulkhead::commit_unknown,
+/// with `cause` nested when called inside its catch handler, when the outcome
+/// cannot be had by settle_until. The lost connection is closed before the
+/// outcome is looked up on a new one, so the pool never has more than
+/// max_size connections to the server.
 inline void transaction_control::settle_lost_commit(const std::exception& cause) {
     in_doubt = true;
     backend_open = false;  // the session is gone, and the transaction with it
     owner->discard = true;
-    const std::string lost = std::string("bulkhead: the connection was lost during COMMIT: ") + cause.what();
+    disarm_watchdog();  // before the socket is closed: its number may be reused at once
+    pqxx_compat::close_connection(*owner->connection);
+    const std::string lost = std::string("bulkhead: the connection was lost during COMMIT: ") + one_line(cause.what());
     if (read_only) {
         throw pqxx::broken_connection(lost + " (a read-only transaction: nothing was written)");
     }
     if (!track_txid || target == nullptr) {
         std::throw_with_nested(commit_unknown(lost + " (commit outcome tracking is off)"));
     }
-    switch (read_commit_status(*target, txid, settle_budget)) {
+    const std::string_view function = xact_status_function(owner->server_version);
+    switch (read_commit_status(*target, owner->server_version, txid, settle_until)) {
         case commit_status::committed:
             in_doubt = false;
             return;
         case commit_status::aborted:
-            throw pqxx::broken_connection(lost + " (txid_status confirms the transaction was rolled back)");
+            throw pqxx::broken_connection(lost + " (" + std::string(function) +
+                                          " confirms the transaction was rolled back)");
         case commit_status::unknown:
             break;
     }
-    std::throw_with_nested(commit_unknown(lost + " (txid_status could not be read)"));
+    std::throw_with_nested(commit_unknown(lost + " (" + std::string(function) + " could not be read in time)"));
 }
 
-inline void transaction_control::on_abort(gate_transaction& tx) {
+inline void transaction_control::on_abort(gate_transaction& /*tx*/) {
     if (closing) {
         return;  // destroyed unended: no ROLLBACK from a destructor; on_closed() marks the connection
     }
@@ -210,19 +286,40 @@ inline void transaction_control::on_abort(gate_transaction& tx) {
     if (!backend_open) {
         return;
     }
+    if (owner->guard.ended) {
+        backend_open = false;  // the callback ended it; the connection sends nothing more
+        return;
+    }
+    first_answer answer;
+    const bool alive =
+        run_simple_query(owner->handle, owner->rollback_statement.c_str(),
+                         [&](std::size_t index, const PGresult& result) noexcept { answer.record(index, result); });
     try {
-        tx.run("ROLLBACK");
-        backend_open = false;
+        if (!answer.answered || (!answer.succeeded && !alive)) {
+            throw pqxx::broken_connection("bulkhead: ROLLBACK failed, the connection was lost: " +
+                                          one_line(PQerrorMessage(owner->handle)));
+        }
+        if (!answer.succeeded) {
+            throw_sql_error(answer.message, "ROLLBACK", answer.sqlstate);
+        }
     } catch (...) {
         abort_failure = std::current_exception();  // libpqxx's abort() swallows it; rollback() rethrows
         throw;
     }
+    backend_open = false;
+    if (answer.rest_failed || !alive) {
+        owner->discard = true;  // rolled back; the reset did not complete
+    }
 }
 
-/// Sets transaction_control::permitted for one call.
+/// Sets transaction_control::permitted for one call, and stops watching the
+/// callback's statements (the pool's own follow).
 class permitted_scope {
 public:
-    explicit permitted_scope(transaction_control& control) noexcept : m_control(control) { m_control.permitted = true; }
+    explicit permitted_scope(transaction_control& control) noexcept : m_control(control) {
+        m_control.permitted = true;
+        m_control.owner->guard.disarm();
+    }
     permitted_scope(const permitted_scope&) = delete;
     permitted_scope& operator=(const permitted_scope&) = delete;
     ~permitted_scope() { m_control.permitted = false; }
@@ -235,6 +332,10 @@ inline void transaction_control::commit(gate_transaction& tx) {
     transaction_control& control = tx.control();
     if (control.refused) {
         throw std::logic_error(refusal);
+    }
+    if (control.ended_by_callback()) {
+        control.owner->guard.ended = true;
+        throw std::logic_error(block_ended);
     }
     const permitted_scope permit(control);
     tx.commit();
@@ -249,15 +350,31 @@ inline void transaction_control::rollback(gate_transaction& tx) {
     if (control.abort_failure) {
         std::rethrow_exception(std::exchange(control.abort_failure, nullptr));
     }
-    if (control.backend_open) {
+    const char* statement = nullptr;
+    if (control.backend_open && !control.owner->guard.ended) {
         // libpqxx had already closed its books (a refused commit or abort, or
-        // a COMMIT that was lost): end the server's transaction directly.
-        tx.run("ROLLBACK");
-        control.backend_open = false;
+        // a commit refused for 25P02): end the server's transaction directly,
+        // with the reset after it.
+        statement = control.owner->rollback_statement.c_str();
+    } else if (control.reset_pending) {
+        statement = control.owner->reset_statement.c_str();  // a COMMIT failed before its reset ran
+    }
+    if (statement != nullptr) {
+        first_answer answer;
+        const bool alive =
+            run_simple_query(control.owner->handle, statement,
+                             [&](std::size_t index, const PGresult& result) noexcept { answer.record(index, result); });
+        control.backend_open = control.backend_open && inside_transaction_block(control.owner->handle);
+        control.reset_pending = false;
+        if (!alive || !answer.succeeded || answer.rest_failed) {
+            control.owner->discard = true;
+            if (!answer.succeeded) {
+                throw pqxx::broken_connection(
+                    "bulkhead: ROLLBACK failed: " +
+                    one_line(answer.message.empty() ? PQerrorMessage(control.owner->handle) : answer.message));
+            }
+        }
     }
 }
-
-/// The BEGIN statement for `options`, with SET LOCAL for the timeouts. Only
-/// integers and fixed keywords go into it.
 
 }  // namespace bulkhead::detail

@@ -1,0 +1,152 @@
+// bulkhead: a watchdog that cuts off connections whose deadline has passed.
+//
+// libpq waits for an answer without a timeout of its own. When the server or
+// the network stops answering mid-statement (a frozen backend, a silent
+// link), nothing on the client would end the wait before TCP gives up, which
+// with keepalives is tens of seconds and without them hours. The pool arms
+// this watchdog for every gate transaction with a deadline: at the deadline
+// plus a stated slack it shuts the connection's socket down (both
+// directions), which makes the blocked libpq call return at once with a lost
+// connection. The connection is then discarded, never reused.
+//
+// Guarantees.
+// - A socket is shut down only while its entry is armed: disarm() and the
+//   firing both run under the watchdog's mutex, and the pool disarms before
+//   it can close the connection, so a socket number reused by another
+//   connection is never touched.
+// - One thread per watchdog (per pool), started on the first arm(); arm()
+//   and disarm() never allocate once the entries' capacity (the pool's
+//   max_size) is reserved, and never block on the network.
+//
+// Thread safety: all members may be called concurrently. What the firing
+// thread did (the shutdown, `fired = true`) happens-before a reader of
+// `fired` with acquire ordering.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#if defined(_WIN32)
+#include <winsock2.h>
+#else
+#include <sys/socket.h>
+#endif
+
+namespace bulkhead::detail {
+
+class socket_watchdog {
+public:
+    using clock = std::chrono::steady_clock;
+
+    /// What arm() returns, for disarm(). Zero: nothing armed.
+    using ticket = std::uint64_t;
+
+    explicit socket_watchdog(std::size_t capacity) { m_entries.reserve(capacity); }
+    socket_watchdog(const socket_watchdog&) = delete;
+    socket_watchdog& operator=(const socket_watchdog&) = delete;
+
+    ~socket_watchdog() {
+        {
+            const std::lock_guard lock(m_mutex);
+            m_stopping = true;
+        }
+        m_wake.notify_one();
+        if (m_thread.joinable()) {
+            m_thread.join();
+        }
+    }
+
+    /// Shuts `socket` down at `at` unless disarmed first, and then sets
+    /// `*fired` (which must outlive the entry).
+    /// \throws std::system_error when the watchdog's thread cannot be started;
+    ///         std::bad_alloc beyond the reserved capacity.
+    [[nodiscard]] ticket arm(int socket, clock::time_point at, std::atomic<bool>& fired) {
+        fired.store(false, std::memory_order_relaxed);
+        std::unique_lock lock(m_mutex);
+        if (!m_thread.joinable()) {
+            m_thread = std::thread([this] { run(); });
+        }
+        const ticket id = ++m_last_ticket;
+        m_entries.push_back(entry{id, socket, at, &fired});
+        const bool earliest = at < m_next_wake;
+        lock.unlock();
+        if (earliest) {
+            m_wake.notify_one();
+        }
+        return id;
+    }
+
+    /// Forgets the entry of `id` (a no-op for 0 or an entry that fired).
+    void disarm(ticket id) noexcept {
+        if (id == 0) {
+            return;
+        }
+        const std::lock_guard lock(m_mutex);
+        const auto found =
+            std::find_if(m_entries.begin(), m_entries.end(), [&](const entry& each) { return each.id == id; });
+        if (found != m_entries.end()) {
+            *found = m_entries.back();
+            m_entries.pop_back();
+        }
+    }
+
+private:
+    struct entry {
+        ticket id;
+        int socket;
+        clock::time_point at;
+        std::atomic<bool>* fired;
+    };
+
+    void run() noexcept {
+        std::unique_lock lock(m_mutex);
+        while (!m_stopping) {
+            const clock::time_point now = clock::now();
+            m_next_wake = clock::time_point::max();
+            for (std::size_t index = 0; index < m_entries.size();) {
+                entry& each = m_entries[index];
+                if (each.at <= now) {
+                    // Marked before the shutdown: the waiting thread wakes
+                    // from it and must then see why.
+                    each.fired->store(true, std::memory_order_release);
+                    shut_down(each.socket);
+                    each = m_entries.back();
+                    m_entries.pop_back();
+                    continue;
+                }
+                m_next_wake = std::min(m_next_wake, each.at);
+                ++index;
+            }
+            if (m_next_wake == clock::time_point::max()) {
+                m_wake.wait(lock);
+            } else {
+                m_wake.wait_until(lock, m_next_wake);
+            }
+        }
+    }
+
+    static void shut_down(int socket) noexcept {
+#if defined(_WIN32)
+        (void)::shutdown(static_cast<SOCKET>(socket), SD_BOTH);
+#else
+        (void)::shutdown(socket, SHUT_RDWR);
+#endif
+    }
+
+    std::mutex m_mutex;
+    std::condition_variable m_wake;                            // the thread waits on it with m_mutex
+    std::vector<entry> m_entries;                              // guarded by m_mutex
+    ticket m_last_ticket = 0;                                  // guarded by m_mutex
+    clock::time_point m_next_wake = clock::time_point::max();  // guarded by m_mutex
+    bool m_stopping = false;                                   // guarded by m_mutex
+    std::thread m_thread;                                      // started under m_mutex, joined by the destructor
+};
+
+}  // namespace bulkhead::detail

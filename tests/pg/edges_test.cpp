@@ -1,0 +1,533 @@
+// Contract E against a real PostgreSQL: stop, deadlines, cancellation, dead
+// connections and session state, tried with the faults a real network and
+// database make: a backend frozen mid-statement (SIGSTOP), a network that
+// goes silent or holds new connections unanswered (tests/support/tcp_proxy),
+// a backend killed a moment before a borrow, callbacks that leave session
+// state behind or end the transaction themselves.
+#include "fault_helpers.hpp"
+#include "pg_helpers.hpp"
+#include "tcp_proxy.hpp"
+
+#include "catch.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <latch>
+#include <random>
+#include <stdexcept>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace bulkhead_test;
+using gate_t = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+/// Milliseconds since `start`, for INFO lines and bounds.
+long ms_since(clock_type::time_point start) {
+    return static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start).count());
+}
+
+/// The first column of the first row, as text, from a gate transaction.
+std::string value_of(pqxx::dbtransaction& tx, const std::string& sql) { return tx.exec(sql).at(0).at(0).c_str(); }
+
+/// Waits until a session of `application_name` runs a statement (state
+/// 'active' in pg_stat_activity, not our monitor's own query).
+void await_active(pqxx::connection& monitor, const std::string& application_name) {
+    await([&] { return sessions(monitor, application_name, "active") > 0; });
+}
+
+}  // namespace
+
+// --- E1 ---------------------------------------------------------------------------
+TEST_CASE(
+    "[E1] a stop while waiting for a pool connection ends the call with admission_cancelled at once, nothing sent",
+    "[pg][E1]") {
+    tcp_proxy proxy = proxy_to_server();
+    auto options = proxied_options(proxy, "bulkhead-e1");
+    options.connection_timeout = 3s;
+    bulkhead::pqxx_pool pool(options);
+    gate_t gate(pool, 2, 0);
+    SECTION("all connections held elsewhere") {
+        bulkhead::pqxx_pool::lease taken = pool.acquire();  // the only connection, outside the gate
+        const int queries_before = proxy.queries();
+        std::stop_source stop;
+        bool ran = false;
+        auto call = std::async(std::launch::async, [&] {
+            gate.transaction({.queue_wait = 1s, .stop = stop.get_token()}, [&](pqxx::dbtransaction&) { ran = true; });
+        });
+        await([&] { return pool.waiting() == 1; });
+        const auto stopped_at = clock_type::now();
+        stop.request_stop();
+        CHECK_THROWS_AS(call.get(), bulkhead::admission_cancelled);
+        INFO("returned " << ms_since(stopped_at) << " ms after the stop");
+        CHECK(clock_type::now() - stopped_at < 500ms);  // the pool's timeout is 3 s
+        CHECK_FALSE(ran);
+        CHECK(proxy.queries() == queries_before);  // nothing reached the server
+        CHECK(pool.waiting() == 0);
+    }
+    SECTION("a new connection being opened, its server not answering") {
+        proxy.hold_new(true);  // connects are accepted and never answered
+        std::stop_source stop;
+        bool ran = false;
+        auto call = std::async(std::launch::async, [&] {
+            gate.transaction({.queue_wait = 1s, .stop = stop.get_token()}, [&](pqxx::dbtransaction&) { ran = true; });
+        });
+        await([&] { return proxy.held() == 1; });
+        const auto stopped_at = clock_type::now();
+        stop.request_stop();
+        CHECK_THROWS_AS(call.get(), bulkhead::admission_cancelled);
+        INFO("returned " << ms_since(stopped_at) << " ms after the stop");
+        CHECK(clock_type::now() - stopped_at < 500ms);
+        CHECK_FALSE(ran);
+    }
+    CHECK(gate.available() == 2);
+    CHECK(gate.available_slots() == 2);
+    CHECK(gate.stats().rejections(bulkhead::reject_reason::admission_cancelled) == 1);
+}
+
+// --- E2 ---------------------------------------------------------------------------
+TEST_CASE("[E2] the check of an idle connection and the opening of its replacement end by the deadline", "[pg][E2]") {
+    auto monitor = outside_connection();
+    SECTION("the idle connection's backend is frozen: validation gives up at the deadline") {
+        auto options = pool_options("bulkhead-e2-frozen", 1);
+        options.validate_after_idle = 0ms;  // check on every borrow
+        options.validation_timeout = 5s;
+        options.connection_timeout = 5s;
+        bulkhead::pqxx_pool pool(options);
+        gate_t gate(pool, 1, 0);
+        const int pid = gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
+        frozen_backend frozen(pid);
+        const auto start = clock_type::now();
+        CHECK_THROWS_AS(gate.transaction({.deadline = start + 200ms}, [](pqxx::dbtransaction&) {}), bulkhead::rejected);
+        INFO("ended " << ms_since(start) << " ms after the call began, deadline 200 ms");
+        CHECK(clock_type::now() - start < 700ms);  // was 5 s (validation_timeout), then 2 s of connect
+        frozen.thaw();
+        CHECK(gate.available() == 1);
+    }
+    SECTION("the replacement connect is never answered: the acquire ends by the deadline") {
+        tcp_proxy proxy = proxy_to_server();
+        auto options = proxied_options(proxy, "bulkhead-e2-connect");
+        options.connection_timeout = 5s;
+        bulkhead::pqxx_pool pool(options);
+        gate_t gate(pool, 1, 0);
+        proxy.hold_new(true);
+        const auto start = clock_type::now();
+        CHECK_THROWS_AS(gate.transaction({.deadline = start + 300ms}, [](pqxx::dbtransaction&) {}),
+                        bulkhead::deadline_exceeded);
+        INFO("ended " << ms_since(start) << " ms after the call began, deadline 300 ms");
+        CHECK(clock_type::now() - start < 800ms);  // libpq's connect_timeout alone: at least 2 s
+        // Without a deadline, connection_timeout bounds it the same way.
+        auto short_options = proxied_options(proxy, "bulkhead-e2-connect-timeout");
+        short_options.connection_timeout = 300ms;
+        bulkhead::pqxx_pool short_pool(short_options);
+        const auto again = clock_type::now();
+        CHECK_THROWS_AS(short_pool.acquire(), bulkhead::pool_timeout);
+        CHECK(clock_type::now() - again < 800ms);
+        CHECK(short_pool.size() <= 1);  // the abandoned attempt keeps its slot until it ends: max_size holds
+    }
+}
+
+// --- E3 ---------------------------------------------------------------------------
+TEST_CASE("[E3] a statement of the callback that ends the transaction block fails the call, nothing after it runs",
+          "[pg][E3]") {
+    scratch_table table("bulkhead_e3", "id int");
+    bulkhead::pqxx_pool pool(pool_options("bulkhead-e3", 1));
+    gate_t gate(pool, 1, 0);
+    const std::string insert = "INSERT INTO " + table.name() + " VALUES ";
+    SECTION("COMMIT in the middle") {
+        CHECK_THROWS_AS(gate.transaction(1s,
+                                         [&](pqxx::dbtransaction& tx) {
+                                             tx.exec(insert + "(1)");
+                                             tx.exec("COMMIT");  // commits (1): the server did what it was told
+                                             tx.exec(insert + "(2)");
+                                         }),
+                        std::logic_error);
+        CHECK(table.rows("id = 2") == 0);  // nothing after the COMMIT reached the server
+    }
+    SECTION("ROLLBACK, then a statement that would autocommit") {
+        CHECK_THROWS_AS(gate.transaction(1s,
+                                         [&](pqxx::dbtransaction& tx) {
+                                             tx.exec(insert + "(1)");
+                                             tx.exec("ROLLBACK");
+                                             tx.exec(insert + "(2)");
+                                         }),
+                        std::logic_error);
+        CHECK(table.rows() == 0);
+    }
+    SECTION("the callback swallows the failure and returns normally") {
+        CHECK_THROWS_AS(gate.transaction(1s,
+                                         [&](pqxx::dbtransaction& tx) {
+                                             tx.exec("END");
+                                             try {
+                                                 tx.exec(insert + "(3)");
+                                             } catch (...) {  // swallowed: the gate must still fail the call
+                                             }
+                                             return 1;
+                                         }),
+                        std::logic_error);
+        CHECK(table.rows() == 0);
+    }
+    CHECK(gate.stats().completed == 0);
+    CHECK(gate.stats().failed == 1);
+    CHECK(gate.available() == 1);
+    CHECK(pool.in_use() == 0);
+    // Savepoints are no false alarm, and the pool recovers.
+    CHECK(gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
+        tx.exec("SAVEPOINT a");
+        tx.exec(insert + "(10)");
+        tx.exec("ROLLBACK TO SAVEPOINT a");
+        tx.exec("RELEASE SAVEPOINT a");
+        tx.exec(insert + "(11)");
+        return 5;
+    }) == 5);
+    CHECK(table.rows("id = 11") == 1);
+    CHECK(table.rows("id = 10") == 0);
+}
+
+// --- E5 ---------------------------------------------------------------------------
+TEST_CASE("[E5] request_stop returns at once when the cancel cannot get through, and the connection is not reused",
+          "[pg][E5]") {
+    tcp_proxy proxy = proxy_to_server();
+    bulkhead::pqxx_pool pool(proxied_options(proxy, "bulkhead-e5"));
+    gate_t gate(pool, 1, 0);
+    auto monitor = outside_connection();
+    const int first = gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
+    proxy.hold_new(true);  // the cancel's own connection is accepted and never answered
+    std::stop_source stop;
+    auto call = std::async(std::launch::async, [&] {
+        gate.transaction({.stop = stop.get_token()}, [](pqxx::dbtransaction& tx) { tx.exec("SELECT pg_sleep(0.6)"); });
+    });
+    await_active(monitor, "bulkhead-e5");
+    const auto before = clock_type::now();
+    stop.request_stop();
+    const auto took = clock_type::now() - before;
+    INFO("request_stop took " << std::chrono::duration_cast<std::chrono::microseconds>(took).count() << " us");
+    CHECK(took < 20ms);  // was: blocked until the cancel was answered (5 s here, a TCP timeout in general)
+    CHECK_THROWS_AS(call.get(), bulkhead::work_cancelled);  // the statement ran to its end; nothing committed
+    CHECK(proxy.held() == 1);                               // the cancel really was sent, and is still stuck
+    CHECK(gate.available() == 1);
+    proxy.hold_new(false);
+    const int next = gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
+    CHECK(next != first);  // a cancel still in flight: the connection was closed, not handed on
+}
+
+// --- E6 ---------------------------------------------------------------------------
+TEST_CASE("[E6] a cancel never hits a statement other than the one it was sent for", "[pg][E6]") {
+    bulkhead::pqxx_pool pool(pool_options("bulkhead-e6", 1));
+    gate_t gate(pool, 1, 0);
+    std::mt19937 random(6);
+    std::uniform_int_distribution<int> delay_us(0, 3000);
+    int cancelled = 0;
+    int completed = 0;
+    int hit_next = 0;
+    for (int round = 0; round < 150; ++round) {
+        std::stop_source stop;
+        std::thread stopper([&, wait = std::chrono::microseconds(delay_us(random))] {
+            std::this_thread::sleep_for(wait);  // a random moment: the race itself is the point
+            stop.request_stop();
+        });
+        try {
+            gate.transaction({.stop = stop.get_token()},
+                             [](pqxx::dbtransaction& tx) { tx.exec("SELECT pg_sleep(0.001)"); });
+            ++completed;
+        } catch (const bulkhead::work_cancelled&) {
+            ++cancelled;
+        } catch (const bulkhead::admission_cancelled&) {
+            ++cancelled;
+        }
+        stopper.join();
+        // The next borrower's statement: a late cancel would fail it with 57014.
+        const std::string state = sqlstate_of(
+            [&] { gate.transaction(1s, [](pqxx::dbtransaction& tx) { tx.exec("SELECT pg_sleep(0.002)"); }); });
+        hit_next += state == "57014" ? 1 : 0;
+    }
+    INFO(cancelled << " cancelled, " << completed << " completed");
+    CHECK(hit_next == 0);
+    CHECK(cancelled > 0);
+    CHECK(gate.available() == 1);
+    CHECK(pool.in_use() == 0);
+}
+
+// --- E7 ---------------------------------------------------------------------------
+TEST_CASE("[E7] with a deadline the call ends within deadline + slack when the server or the network goes silent",
+          "[pg][E7]") {
+    auto options = pool_options("bulkhead-e7", 1);
+    options.deadline_slack = 250ms;
+    SECTION("the backend is frozen mid-transaction") {
+        bulkhead::pqxx_pool pool(options);
+        gate_t gate(pool, 1, 0);
+        std::optional<frozen_backend> frozen;
+        const auto start = clock_type::now();
+        try {
+            gate.transaction({.deadline = start + 500ms}, [&](pqxx::dbtransaction& tx) {
+                frozen.emplace(tx.conn().backendpid());
+                tx.exec("SELECT 1");  // never answered
+            });
+            FAIL("a frozen server answered");
+        } catch (const bulkhead::work_deadline_exceeded&) {
+        }
+        const auto took = clock_type::now() - start;
+        INFO("ended after " << ms_since(start) << " ms; deadline 500 ms, slack 250 ms");
+        CHECK(took >= 500ms);
+        CHECK(took < 500ms + 250ms + 400ms);
+        frozen.reset();
+        CHECK(pool.in_use() == 0);
+        CHECK(pool.size() == 0);  // discarded
+        CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return value_of(tx, "SELECT 7"); }) == "7");
+    }
+    SECTION("the network stops forwarding mid-statement") {
+        tcp_proxy proxy = proxy_to_server();
+        auto proxied = proxied_options(proxy, "bulkhead-e7-silent");
+        proxied.deadline_slack = 250ms;
+        bulkhead::pqxx_pool pool(proxied);
+        gate_t gate(pool, 1, 0);
+        const auto start = clock_type::now();
+        CHECK_THROWS_AS(gate.transaction({.deadline = start + 400ms},
+                                         [&](pqxx::dbtransaction& tx) {
+                                             proxy.silence(true);
+                                             tx.exec("SELECT 1");
+                                         }),
+                        bulkhead::work_deadline_exceeded);
+        INFO("ended after " << ms_since(start) << " ms; deadline 400 ms, slack 250 ms");
+        CHECK(clock_type::now() - start < 400ms + 250ms + 400ms);
+        proxy.silence(false);
+        CHECK(pool.size() == 0);
+    }
+}
+
+// --- E8 ---------------------------------------------------------------------------
+TEST_CASE("[E8] the next borrower never sees the previous one's session state, and on_connect's survives", "[pg][E8]") {
+    auto options = pool_options("bulkhead-e8", 1);
+    options.on_connect = [](pqxx::connection& connection) {
+        pqxx::nontransaction setup(connection);
+        setup.exec("SET search_path = bulkhead_e8, public");
+        setup.exec("PREPARE bulkhead_e8_one AS SELECT 1");
+    };
+    bulkhead::pqxx_pool pool(options);
+    gate_t gate(pool, 1, 0);
+    const int pid = gate.transaction(1s, [](pqxx::dbtransaction& tx) {
+        tx.exec("SET statement_timeout = 50");
+        tx.exec("SET search_path = public");
+        tx.exec("SELECT set_config('work_mem', '7MB', false)");
+        tx.exec("SELECT pg_advisory_lock(4242)");
+        tx.exec("LISTEN bulkhead_e8");
+        tx.exec("DECLARE bulkhead_e8_cursor CURSOR WITH HOLD FOR SELECT 1");
+        tx.exec("CREATE TEMP TABLE bulkhead_e8_temp (x int)");
+        return tx.conn().backendpid();
+    });
+    const auto seen = gate.transaction(1s, [](pqxx::dbtransaction& tx) {
+        std::vector<std::string> values;
+        values.push_back(std::to_string(tx.conn().backendpid()));
+        values.push_back(value_of(tx, "SHOW statement_timeout"));
+        values.push_back(value_of(tx, "SHOW work_mem"));
+        values.push_back(
+            value_of(tx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"));
+        values.push_back(value_of(tx, "SELECT count(*) FROM pg_listening_channels()"));
+        values.push_back(value_of(tx, "SELECT count(*) FROM pg_cursors"));
+        values.push_back(value_of(tx, "SELECT coalesce(to_regclass('pg_temp.bulkhead_e8_temp')::text, 'none')"));
+        values.push_back(value_of(tx, "SHOW search_path"));
+        values.push_back(value_of(tx, "SELECT count(*) FROM pg_prepared_statements WHERE name = 'bulkhead_e8_one'"));
+        tx.exec("SELECT pg_sleep(0.1)");  // would fail with 57014 under the leaked statement_timeout
+        return values;
+    });
+    REQUIRE(seen.size() == 9);
+    CHECK(seen[0] == std::to_string(pid));  // the same session, reset
+    CHECK(seen[1] == "0");
+    CHECK(seen[2] == scalar<std::string>(*std::make_unique<pqxx::connection>(conninfo()), "SHOW work_mem"));
+    CHECK(seen[3] == "0");
+    CHECK(seen[4] == "0");
+    CHECK(seen[5] == "0");
+    CHECK(seen[6] == "none");
+    CHECK(seen[7] == "bulkhead_e8, public");  // on_connect's setting survives
+    CHECK(seen[8] == "1");                    // and its prepared statement
+    // A connection used directly gets the same reset when it comes back.
+    {
+        bulkhead::pqxx_pool::lease raw = pool.acquire();
+        pqxx::nontransaction tx(raw.connection());
+        tx.exec("SET statement_timeout = 50");
+        tx.exec("SELECT pg_advisory_lock(4343)");
+    }
+    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) {
+        tx.exec("SELECT pg_sleep(0.1)");
+        return value_of(tx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()");
+    }) == "0");
+    CHECK(pool.size() == 1);
+    // A rolled-back transaction is reset too.
+    CHECK_THROWS_AS(gate.transaction(1s,
+                                     [](pqxx::dbtransaction& tx) {
+                                         tx.exec("SET statement_timeout = 50");
+                                         throw std::runtime_error("the callback fails");
+                                     }),
+                    std::runtime_error);
+    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return value_of(tx, "SHOW statement_timeout"); }) == "0");
+}
+
+// --- E9 ---------------------------------------------------------------------------
+TEST_CASE(
+    "[E9] a backend killed a moment before the borrow is found out with default options, no error reaches the caller",
+    "[pg][E9][C7]") {
+    bulkhead::pqxx_pool_options options = pool_options("bulkhead-e9", 1);
+    options.validate_after_idle = bulkhead::pqxx_pool_options{}.validate_after_idle;  // the default, 500 ms
+    bulkhead::pqxx_pool pool(options);
+    gate_t gate(pool, 1, 0);
+    auto monitor = outside_connection();
+    for (int round = 0; round < 5; ++round) {
+        const int pid = gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
+        terminate_backend(monitor, pid);  // returns once the backend is gone: well under 500 ms of idleness
+        const int next = gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
+        CHECK(next != pid);
+    }
+    // Found out on borrow (broken, or told something and then checked), not
+    // by a BEGIN that failed (that connection would count as discarded).
+    const bulkhead::pool_stats stats = pool.stats();
+    CHECK(stats.closed_for(bulkhead::close_reason::broken) +
+              stats.closed_for(bulkhead::close_reason::validation_failed) ==
+          5);
+    CHECK(stats.closed_for(bulkhead::close_reason::discarded) == 0);
+}
+
+TEST_CASE("[E9] a BEGIN that fails on a broken connection is tried once more on another connection", "[pg][E9]") {
+    tcp_proxy proxy = proxy_to_server();
+    scratch_table table("bulkhead_e9_begin", "id int");
+    bulkhead::pqxx_pool pool(proxied_options(proxy, "bulkhead-e9-begin"));
+    gate_t gate(pool, 1, 0);
+    const int first = gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
+    proxy.arm(tcp_proxy::cut::drop_at_next_query);  // the next BEGIN finds the connection broken
+    const int second = gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
+        tx.exec("INSERT INTO " + table.name() + " VALUES (1)");
+        return tx.conn().backendpid();
+    });
+    CHECK(proxy.cuts() == 1);
+    CHECK(second != first);
+    CHECK(table.rows() == 1);
+    CHECK(gate.stats().completed == 2);
+}
+
+// --- E10 --------------------------------------------------------------------------
+TEST_CASE("[E10] two statements that together overrun the deadline are rolled back, not committed late", "[pg][E10]") {
+    scratch_table table("bulkhead_e10", "id int");
+    bulkhead::pqxx_pool pool(pool_options("bulkhead-e10", 1));
+    gate_t gate(pool, 1, 0);
+    const auto start = clock_type::now();
+    CHECK_THROWS_AS(gate.transaction({.deadline = start + 300ms},
+                                     [&](pqxx::dbtransaction& tx) {
+                                         tx.exec("INSERT INTO " + table.name() + " VALUES (1)");
+                                         tx.exec("SELECT pg_sleep(0.2)");
+                                         tx.exec("SELECT pg_sleep(0.2)");  // each under its statement_timeout
+                                     }),
+                    bulkhead::work_deadline_exceeded);
+    CHECK(table.rows() == 0);
+    CHECK(gate.stats().work_deadline_exceeded == 1);
+    CHECK(pool.size() == 1);  // rolled back cleanly, kept
+}
+
+// --- E11 --------------------------------------------------------------------------
+TEST_CASE("[E11] no password, nor a piece of one, reaches a pool's message, in URI or keyword form", "[pg][E11]") {
+    std::mt19937 random(11);
+    std::uniform_int_distribution<int> printable(0x21, 0x7e);
+    const auto leaks = [](const std::string& text, const std::string& password) {
+        for (std::size_t at = 0; at + 4 <= password.size(); ++at) {
+            if (text.find(password.substr(at, 4)) != std::string::npos) {
+                return true;
+            }
+        }
+        return false;
+    };
+    int messages = 0;
+    for (int i = 0; i < 20; ++i) {
+        std::string password;
+        for (int c = 0; c < 12; ++c) {
+            password += static_cast<char>(printable(random));
+        }
+        // Nothing listens on port 1: every attempt fails at once, with libpq's message.
+        const std::vector<std::string> forms{
+            "host=127.0.0.1 port=1 user=app dbname=shop password=" + bulkhead::detail::quote_keyword_value(password),
+            "postgresql://app:" + bulkhead::detail::percent_encode(password) + "@127.0.0.1:1/shop",
+            "postgresql://app:" + password + "@127.0.0.1:1/shop",  // unencoded
+            "host=127.0.0.1 port=1 password=" + password + " x",   // unquoted, spilling
+        };
+        for (const std::string& conninfo : forms) {
+            std::string message;
+            try {
+                bulkhead::pqxx_pool pool({.conninfo = conninfo, .connection_timeout = 250ms});
+                (void)pool.acquire(clock_type::now() + 50ms);
+            } catch (const std::exception& failure) {
+                message = failure.what();
+            }
+            INFO(message);
+            CHECK_FALSE(message.empty());
+            CHECK_FALSE(leaks(message, password));
+            ++messages;
+        }
+    }
+    CHECK(messages == 80);
+}
+
+// --- E12 --------------------------------------------------------------------------
+TEST_CASE("[E12] settling a lost COMMIT never takes the pool past max_size connections", "[pg][E12]") {
+    tcp_proxy proxy = proxy_to_server();
+    scratch_table table("bulkhead_e12", "id int");
+    bulkhead::pqxx_pool pool(proxied_options(proxy, "bulkhead-e12"));  // max_size 1
+    gate_t gate(pool, 1, 0);
+    for (int round = 0; round < 3; ++round) {
+        proxy.arm(tcp_proxy::cut::drop_after_commit);
+        CHECK(gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
+            tx.exec("INSERT INTO " + table.name() + " VALUES (1)");
+            return 1;
+        }) == 1);  // settled: committed
+    }
+    CHECK(proxy.cuts() == 3);
+    CHECK(proxy.max_open_links() <= 1);  // the lookup's connection counts against max_size
+    CHECK(table.rows() == 3);
+}
+
+// --- E13 --------------------------------------------------------------------------
+TEST_CASE("[E13] only the deadline's own timeout is blamed on the deadline", "[pg][E13]") {
+    bulkhead::pqxx_pool pool(pool_options("bulkhead-e13", 1));
+    gate_t gate(pool, 1, 0);
+    auto monitor = outside_connection();
+    SECTION("the callback's own SET LOCAL statement_timeout") {
+        const std::string state = sqlstate_of([&] {
+            gate.transaction({.deadline = clock_type::now() + 5s}, [](pqxx::dbtransaction& tx) {
+                tx.exec("SET LOCAL statement_timeout = 50");
+                tx.exec("SELECT pg_sleep(1)");
+            });
+        });
+        CHECK(state == "57014");  // a plain sql_error, not work_deadline_exceeded
+    }
+    SECTION("a DBA's pg_cancel_backend") {
+        std::atomic<int> pid{0};
+        auto call = std::async(std::launch::async, [&] {
+            return sqlstate_of([&] {
+                gate.transaction({.deadline = clock_type::now() + 5s}, [&](pqxx::dbtransaction& tx) {
+                    pid = tx.conn().backendpid();
+                    tx.exec("SELECT pg_sleep(3)");
+                });
+            });
+        });
+        await([&] { return pid.load() != 0 && sessions(monitor, "bulkhead-e13", "active") > 0; });
+        pqxx::nontransaction(monitor).exec("SELECT pg_cancel_backend(" + std::to_string(pid.load()) + ")");
+        CHECK(call.get() == "57014");
+    }
+    SECTION("the deadline's own") {
+        CHECK_THROWS_AS(gate.transaction({.deadline = clock_type::now() + 200ms},
+                                         [](pqxx::dbtransaction& tx) { tx.exec("SELECT pg_sleep(2)"); }),
+                        bulkhead::work_deadline_exceeded);
+    }
+    CHECK(gate.available() == 1);
+}
+
+TEST_CASE("[E8] with reset_session off the pool leaves the session as the callback left it", "[pg][E8]") {
+    auto options = pool_options("bulkhead-e8-off", 1);
+    options.reset_session = false;
+    bulkhead::pqxx_pool pool(options);
+    gate_t gate(pool, 1, 0);
+    gate.transaction(1s, [](pqxx::dbtransaction& tx) { tx.exec("SET statement_timeout = 50"); });
+    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return value_of(tx, "SHOW statement_timeout"); }) ==
+          "50ms");
+}

@@ -1,0 +1,79 @@
+// Faults as test tools, for the [pg] tests: the suite's server behind a
+// loopback proxy (tests/support/tcp_proxy.hpp: cut at COMMIT or at the next
+// query, go silent, hold new connections unanswered), and a backend that
+// stops answering (SIGSTOP of its process: the kernel still acknowledges
+// every byte, so nothing but the client's own deadline notices).
+#pragma once
+
+#include "pg_helpers.hpp"
+#include "tcp_proxy.hpp"
+
+#include "catch.hpp"
+
+#include <csignal>
+#include <regex>
+#include <string>
+#include <utility>
+
+#include <signal.h>
+#include <sys/types.h>
+
+namespace bulkhead_test {
+
+/// The suite's server as host and port (the proxy needs a TCP address).
+inline std::pair<std::string, int> server_address() {
+    const std::string info = conninfo();
+    std::smatch host;
+    std::smatch port;
+    const bool found = std::regex_search(info, host, std::regex(R"(host=([0-9.]+))")) &&
+                       std::regex_search(info, port, std::regex(R"(port=([0-9]+))"));
+    if (!found) {
+        FAIL("these tests need a TCP server given as host=<IPv4> port=<n>; got another form");
+    }
+    return {host[1].str(), std::stoi(port[1].str())};
+}
+
+/// The suite's conninfo, redirected through `proxy` (libpq takes the last
+/// value of a repeated keyword).
+inline std::string through(const tcp_proxy& proxy) {
+    return conninfo() + " host=127.0.0.1 port=" + std::to_string(proxy.port());
+}
+
+/// A proxy in front of the suite's server.
+inline tcp_proxy proxy_to_server() {
+    const auto [host, port] = server_address();
+    return tcp_proxy(host, port);
+}
+
+/// Options for a pool of one connection that reaches the server through `proxy`.
+inline bulkhead::pqxx_pool_options proxied_options(const tcp_proxy& proxy, const std::string& application_name) {
+    auto options = pool_options(application_name, 1);
+    options.conninfo = through(proxy);
+    return options;
+}
+
+/// A backend process stopped with SIGSTOP while this lives, continued with
+/// SIGCONT when it goes (or by thaw()). The test process must be allowed to
+/// signal it: the server runs as the same user, or the tests run as root
+/// (CI does).
+class frozen_backend {
+public:
+    explicit frozen_backend(int pid) : m_pid(pid) {
+        if (::kill(static_cast<pid_t>(m_pid), SIGSTOP) != 0) {
+            FAIL("cannot SIGSTOP backend " << m_pid << ": run the [pg] tests as the server's user or as root");
+        }
+    }
+    frozen_backend(const frozen_backend&) = delete;
+    frozen_backend& operator=(const frozen_backend&) = delete;
+    ~frozen_backend() { thaw(); }
+    void thaw() noexcept {
+        if (m_pid != 0) {
+            (void)::kill(static_cast<pid_t>(std::exchange(m_pid, 0)), SIGCONT);
+        }
+    }
+
+private:
+    int m_pid;
+};
+
+}  // namespace bulkhead_test
