@@ -29,7 +29,6 @@
 #include "pg_test_database.hpp"
 #include "test_util.hpp"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
