@@ -132,11 +132,16 @@ TEST_CASE("[E2] the check of an idle connection and the opening of its replaceme
         // Without a deadline, connection_timeout bounds it the same way.
         auto short_options = proxied_options(proxy, "bulkhead-e2-connect-timeout");
         short_options.connection_timeout = 300ms;
+        short_options.max_size = 4;
         bulkhead::pqxx_pool short_pool(short_options);
+        const int held_before = proxy.held();
         const auto again = clock_type::now();
         CHECK_THROWS_AS(short_pool.acquire(), bulkhead::pool_timeout);
         CHECK(clock_type::now() - again < 800ms);
-        CHECK(short_pool.size() <= 1);  // the abandoned attempt keeps its slot until it ends: max_size holds
+        // One caller that timed out started one attempt, which keeps its slot
+        // until it ends; it did not go on to fill the pool with more.
+        CHECK(short_pool.size() == 1);
+        CHECK(proxy.held() - held_before == 1);
     }
 }
 
@@ -176,6 +181,22 @@ TEST_CASE("[E3] a statement of the callback that ends the transaction block fail
                                              } catch (...) {  // swallowed: the gate must still fail the call
                                              }
                                              return 1;
+                                         }),
+                        std::logic_error);
+        CHECK(table.rows() == 0);
+    }
+    SECTION("a COMMIT of the callback's that fails (a deferred constraint), then a statement") {
+        CHECK_THROWS_AS(gate.transaction(1s,
+                                         [&](pqxx::dbtransaction& tx) {
+                                             tx.exec(
+                                                 "CREATE TEMP TABLE bulkhead_e3_once (id int UNIQUE DEFERRABLE "
+                                                 "INITIALLY DEFERRED) ON COMMIT DROP");
+                                             tx.exec("INSERT INTO bulkhead_e3_once VALUES (1), (1)");
+                                             try {
+                                                 tx.exec("COMMIT");  // fails at the check: the block is over
+                                             } catch (const pqxx::sql_error&) {
+                                             }
+                                             tx.exec(insert + "(4)");
                                          }),
                         std::logic_error);
         CHECK(table.rows() == 0);
