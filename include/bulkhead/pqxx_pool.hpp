@@ -277,6 +277,10 @@ public:
         try {
             return begin_on(held, options);
         } catch (const pqxx::broken_connection&) {
+            // Not when the deadline has passed (the watchdog may be why).
+            if (options.deadline != clock::time_point::max() && clock::now() >= options.deadline) {
+                throw;
+            }
             held.release();  // closed: begin_on marked it for discard
             held = acquire(options.deadline);
             return begin_on(held, options);
@@ -401,10 +405,15 @@ private:
                 options.deadline + std::chrono::duration_cast<clock::duration>(settings.deadline_slack);
             control.settle_until = std::min(control.settle_until, cut_at);
             control.watchdog = &m_core->watchdog();
-            control.watch = control.watchdog->arm(PQsocket(connection.handle), cut_at, connection.cut_by_watchdog);
         }
         if (control.track_txid) {
             control.begin_statement.append("; ").append(detail::current_xact_id(connection.server_version));
+        }
+        if (control.watchdog != nullptr) {  // last: nothing but the transaction's construction may throw after it
+            control.watch = control.watchdog->arm(
+                PQsocket(connection.handle),
+                options.deadline + std::chrono::duration_cast<clock::duration>(settings.deadline_slack),
+                connection.cut_by_watchdog);
         }
         try {
             return std::make_unique<detail::gate_transaction>(*connection.connection, std::move(control));

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <future>
 #include <latch>
 #include <random>
@@ -30,6 +31,13 @@ namespace {
 /// Milliseconds since `start`, for INFO lines and bounds.
 long ms_since(clock_type::time_point start) {
     return static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start).count());
+}
+
+/// Prints "edges: <what> <ms> ms after it" (the figures of docs/deadlines.md;
+/// .ci/run collects the lines).
+void figure(const char* what, clock_type::time_point since) {
+    std::printf("edges: %s %ld ms after it\n", what, ms_since(since));
+    std::fflush(stdout);
 }
 
 /// The first column of the first row, as text, from a gate transaction.
@@ -64,7 +72,7 @@ TEST_CASE(
         const auto stopped_at = clock_type::now();
         stop.request_stop();
         CHECK_THROWS_AS(call.get(), bulkhead::admission_cancelled);
-        INFO("returned " << ms_since(stopped_at) << " ms after the stop");
+        figure("E1 stop while all connections are held: returned", stopped_at);
         CHECK(clock_type::now() - stopped_at < 500ms);  // the pool's timeout is 3 s
         CHECK_FALSE(ran);
         CHECK(proxy.queries() == queries_before);  // nothing reached the server
@@ -81,7 +89,7 @@ TEST_CASE(
         const auto stopped_at = clock_type::now();
         stop.request_stop();
         CHECK_THROWS_AS(call.get(), bulkhead::admission_cancelled);
-        INFO("returned " << ms_since(stopped_at) << " ms after the stop");
+        figure("E1 stop while a connect is unanswered: returned", stopped_at);
         CHECK(clock_type::now() - stopped_at < 500ms);
         CHECK_FALSE(ran);
     }
@@ -104,7 +112,7 @@ TEST_CASE("[E2] the check of an idle connection and the opening of its replaceme
         frozen_backend frozen(pid);
         const auto start = clock_type::now();
         CHECK_THROWS_AS(gate.transaction({.deadline = start + 200ms}, [](pqxx::dbtransaction&) {}), bulkhead::rejected);
-        INFO("ended " << ms_since(start) << " ms after the call began, deadline 200 ms");
+        figure("E2 idle connection's backend frozen, deadline 200 ms: ended", start);
         CHECK(clock_type::now() - start < 700ms);  // was 5 s (validation_timeout), then 2 s of connect
         frozen.thaw();
         CHECK(gate.available() == 1);
@@ -119,16 +127,21 @@ TEST_CASE("[E2] the check of an idle connection and the opening of its replaceme
         const auto start = clock_type::now();
         CHECK_THROWS_AS(gate.transaction({.deadline = start + 300ms}, [](pqxx::dbtransaction&) {}),
                         bulkhead::deadline_exceeded);
-        INFO("ended " << ms_since(start) << " ms after the call began, deadline 300 ms");
+        figure("E2 replacement connect unanswered, deadline 300 ms: ended", start);
         CHECK(clock_type::now() - start < 800ms);  // libpq's connect_timeout alone: at least 2 s
         // Without a deadline, connection_timeout bounds it the same way.
         auto short_options = proxied_options(proxy, "bulkhead-e2-connect-timeout");
         short_options.connection_timeout = 300ms;
+        short_options.max_size = 4;
         bulkhead::pqxx_pool short_pool(short_options);
+        const int held_before = proxy.held();
         const auto again = clock_type::now();
         CHECK_THROWS_AS(short_pool.acquire(), bulkhead::pool_timeout);
         CHECK(clock_type::now() - again < 800ms);
-        CHECK(short_pool.size() <= 1);  // the abandoned attempt keeps its slot until it ends: max_size holds
+        // One caller that timed out started one attempt, which keeps its slot
+        // until it ends; it did not go on to fill the pool with more.
+        CHECK(short_pool.size() == 1);
+        CHECK(proxy.held() - held_before == 1);
     }
 }
 
@@ -172,6 +185,22 @@ TEST_CASE("[E3] a statement of the callback that ends the transaction block fail
                         std::logic_error);
         CHECK(table.rows() == 0);
     }
+    SECTION("a COMMIT of the callback's that fails (a deferred constraint), then a statement") {
+        CHECK_THROWS_AS(gate.transaction(1s,
+                                         [&](pqxx::dbtransaction& tx) {
+                                             tx.exec(
+                                                 "CREATE TEMP TABLE bulkhead_e3_once (id int UNIQUE DEFERRABLE "
+                                                 "INITIALLY DEFERRED) ON COMMIT DROP");
+                                             tx.exec("INSERT INTO bulkhead_e3_once VALUES (1), (1)");
+                                             try {
+                                                 tx.exec("COMMIT");  // fails at the check: the block is over
+                                             } catch (const pqxx::sql_error&) {
+                                             }
+                                             tx.exec(insert + "(4)");
+                                         }),
+                        std::logic_error);
+        CHECK(table.rows() == 0);
+    }
     CHECK(gate.stats().completed == 0);
     CHECK(gate.stats().failed == 1);
     CHECK(gate.available() == 1);
@@ -206,7 +235,8 @@ TEST_CASE("[E5] request_stop returns at once when the cancel cannot get through,
     const auto before = clock_type::now();
     stop.request_stop();
     const auto took = clock_type::now() - before;
-    INFO("request_stop took " << std::chrono::duration_cast<std::chrono::microseconds>(took).count() << " us");
+    std::printf("edges: E5 request_stop with an unanswered cancel took %ld us\n",
+                static_cast<long>(std::chrono::duration_cast<std::chrono::microseconds>(took).count()));
     CHECK(took < 20ms);  // was: blocked until the cancel was answered (5 s here, a TCP timeout in general)
     CHECK_THROWS_AS(call.get(), bulkhead::work_cancelled);  // the statement ran to its end; nothing committed
     CHECK(proxy.held() == 1);                               // the cancel really was sent, and is still stuck
@@ -272,7 +302,7 @@ TEST_CASE("[E7] with a deadline the call ends within deadline + slack when the s
         } catch (const bulkhead::work_deadline_exceeded&) {
         }
         const auto took = clock_type::now() - start;
-        INFO("ended after " << ms_since(start) << " ms; deadline 500 ms, slack 250 ms");
+        figure("E7 backend frozen mid-statement, deadline 500 ms, slack 250 ms: ended", start);
         CHECK(took >= 500ms);
         CHECK(took < 500ms + 250ms + 400ms);
         frozen.reset();
@@ -293,7 +323,7 @@ TEST_CASE("[E7] with a deadline the call ends within deadline + slack when the s
                                              tx.exec("SELECT 1");
                                          }),
                         bulkhead::work_deadline_exceeded);
-        INFO("ended after " << ms_since(start) << " ms; deadline 400 ms, slack 250 ms");
+        figure("E7 network silent mid-statement, deadline 400 ms, slack 250 ms: ended", start);
         CHECK(clock_type::now() - start < 400ms + 250ms + 400ms);
         proxy.silence(false);
         CHECK(pool.size() == 0);

@@ -15,7 +15,6 @@
 #include <string>
 #include <utility>
 
-#include <signal.h>
 #include <sys/types.h>
 
 namespace bulkhead_test {

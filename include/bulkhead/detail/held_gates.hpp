@@ -105,9 +105,12 @@ inline thread_local held_gates this_thread_gates;
 /// a thread's record says it already holds the gate.
 class remote_releases {
 public:
-    /// Most notes kept; beyond that the oldest is dropped (its thread, if it
-    /// is still alive and enters again, is then refused as reentrant once
-    /// more: a stated, bounded loss, for a pattern that is rare to begin with).
+    /// Most notes kept; beyond that the oldest is dropped. A thread whose
+    /// note was dropped keeps its entry: it is refused as reentrant when it
+    /// enters that gate again, for as long as it lives. That needs more than
+    /// this many permits moved away and released elsewhere while their
+    /// entering threads never came back to the gate; a thread whose permit is
+    /// still held elsewhere (moved, not yet released) is refused too.
     static constexpr std::size_t capacity = 4096;
 
     /// Notes that the permit `serial` of `record` was released elsewhere.

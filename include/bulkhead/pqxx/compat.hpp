@@ -8,10 +8,12 @@
 //   there but the only switch); libpqxx 7 never reconnects.
 // - closing: `connection_base::disconnect()` (6), `connection::close()` (7).
 // - libpq's handle: both keep `largeobject::raw_connection(const
-//   dbtransaction&)` as a protected static (the only way to the PGconn* that
-//   both versions offer; 7's `connection::raw_connection` is private); a
-//   subclass makes it reachable, and a transaction object that is never begun
-//   reaches it for a connection outside any transaction (handle_probe).
+//   dbtransaction&)` as a protected static, the one way to the PGconn* that
+//   every 6.x and 7.x release offers; a subclass makes it reachable, and a
+//   transaction object that is never begun reaches it for a connection
+//   outside any transaction (handle_probe). The pool reads it once per
+//   connection, when it opens it; everything else goes through libpqxx's
+//   public API.
 // - errors: libpqxx 6's transaction_rollback family (serialization_failure,
 //   deadlock_detected) is not an sql_error and carries no SQLSTATE; 7's is
 //   (throw_server_error).

@@ -170,7 +170,17 @@ public:
         for (;;) {
             std::unique_ptr<pooled_connection> connection = take(start, until, rejoin_at_front, stop);
             if (connection) {
-                const std::optional<close_reason> unusable = unusable_on_borrow(*connection, until);
+                bool no_time_to_check = false;
+                const std::optional<close_reason> unusable = unusable_on_borrow(*connection, until, no_time_to_check);
+                if (no_time_to_check) {
+                    // Too little of the caller's time is left for the round
+                    // trip: a check cut short would close a healthy
+                    // connection. It goes back untested; the caller times out.
+                    give_back(std::move(connection));
+                    const std::lock_guard lock(m_mutex);
+                    bump(m_acquire_timeouts);
+                    throw pool_timeout(timeout_message_locked(start, until));
+                }
                 if (!unusable) {
                     connection->discard = false;
                     connection->raw_access = false;
@@ -186,7 +196,7 @@ public:
             if (std::unique_ptr<pooled_connection> opened = open(until, stop)) {
                 return opened;
             }
-            rejoin_at_front = true;
+            rejoin_at_front = true;  // take() ends it when the time is up or a stop came
         }
     }
 
@@ -211,6 +221,7 @@ public:
                 store(m_waiting, load(m_waiting) - 1);
                 oldest.handed = std::move(connection);
                 oldest.wake.notify_one();
+                wake_oldest_locked();  // the next in line may be able to act now (open after a back-off)
             } else {
                 m_idle.push_back(std::move(connection));  // capacity is max_size: no allocation
                 store(m_idle_count, load(m_idle_count) + 1);
@@ -235,6 +246,10 @@ public:
             const std::lock_guard lock(m_mutex);
             assert(m_queue.empty() && "bulkhead::pqxx_pool destroyed while a thread waits in acquire()");
             m_closed = true;
+            // A connection attempt still running on its own thread, or a lease
+            // still out, must not call the user's hooks once the pool is gone:
+            // what they capture may be gone too.
+            m_hooks_off.store(true, std::memory_order_release);
             idle.swap(m_idle);
             for (std::size_t i = 0; i < idle.size(); ++i) {
                 count_close(close_reason::shutdown);
@@ -359,6 +374,10 @@ private:
         std::unique_lock lock(m_mutex);
         if (stop.stop_requested()) {
             throw admission_cancelled();
+        }
+        if (clock::now() >= until) {  // an attempt gave up at `until`: no new slot, no new attempt
+            bump(m_acquire_timeouts);
+            throw pool_timeout(timeout_message_locked(start, until));
         }
         auto now = clock::now();
         retire_expired_locked(now, retired);
@@ -489,6 +508,9 @@ private:
             auto record = std::make_unique<pooled_connection>();
             record->connection = pqxx_compat::open_connection(connect_string(m_target, until - clock::now()));
             if (m_options.on_connect) {
+                if (m_hooks_off.load(std::memory_order_acquire)) {
+                    throw std::runtime_error("bulkhead::pqxx_pool: the pool is gone");
+                }
                 m_options.on_connect(*record->connection);
             }
             record->handle = pqxx_compat::native_handle(*record->connection);
@@ -552,8 +574,8 @@ private:
     /// Outside the mutex, for a connection just taken from the idle list:
     /// why it must be closed instead of handed out, or nothing.
     /// Every check ends by `until`.
-    std::optional<close_reason> unusable_on_borrow(pooled_connection& connection,
-                                                   clock::time_point until) const noexcept {
+    std::optional<close_reason> unusable_on_borrow(pooled_connection& connection, clock::time_point until,
+                                                   bool& no_time_to_check) const noexcept {
         const auto now = clock::now();
         if (!connection.connection->is_open()) {
             return close_reason::broken;
@@ -576,6 +598,10 @@ private:
         // idle at all is checked.
         const bool due = told_something || std::chrono::ceil<std::chrono::milliseconds>(now - connection.idle_since) >
                                                m_options.validate_after_idle;
+        if (due && until - now < minimum_check_time) {
+            no_time_to_check = true;
+            return std::nullopt;
+        }
         if (due && !check_idle_session(*connection.connection,
                                        std::min(until, saturating_add(now, m_options.validation_timeout)))) {
             return close_reason::validation_failed;
@@ -613,13 +639,17 @@ private:
     /// Counts a closed connection and tells the hook, if any.
     void count_close(close_reason reason) noexcept {
         bump(m_closed_by[static_cast<std::size_t>(reason)]);
-        if (m_options.on_close) {
+        if (m_options.on_close && !m_hooks_off.load(std::memory_order_acquire)) {
             try {
                 m_options.on_close(reason);
             } catch (...) {  // the hook must not throw; a throwing one is ignored
             }
         }
     }
+
+    /// Less time than this left of a caller's wait: an idle connection that is
+    /// due for its round-trip check is not checked (nor closed) but put back.
+    static constexpr std::chrono::milliseconds minimum_check_time{5};
 
     // relaxed: statistics, they order nothing.
     static void bump(std::atomic<std::uint64_t>& counter) noexcept { counter.fetch_add(1, std::memory_order_relaxed); }
@@ -647,6 +677,7 @@ private:
     const connect_target m_target;             // immutable after construction
     const std::vector<std::string> m_secrets;  // immutable after construction: passwords to scrub
     socket_watchdog m_watchdog;                // cuts off connections past their call's deadline
+    std::atomic<bool> m_hooks_off{false};      // set by shut_down(): on_connect and on_close are no longer called
 
     mutable std::mutex m_mutex;
     std::vector<std::unique_ptr<pooled_connection>> m_idle;        // guarded by m_mutex; most recently returned last

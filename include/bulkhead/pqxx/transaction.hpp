@@ -119,8 +119,16 @@ struct transaction_control {
     /// Before a statement of the callback is sent (libpqxx 6's do_exec; 7
     /// has no such hook and relies on block_guard's shut write side).
     /// \throws std::logic_error when an earlier statement ended the block.
-    void before_statement() const {
+    void before_statement() {
         if (owner->guard.ended) {
+            throw std::logic_error(block_ended);
+        }
+        // A COMMIT of the callback's that failed (a deferred constraint)
+        // ended the block with an error result, which the guard does not see:
+        // libpq's status says so (no round trip).
+        if (owner->guard.armed && PQtransactionStatus(owner->handle) == PQTRANS_IDLE) {
+            owner->guard.ended = true;
+            stop_sending(owner->handle);
             throw std::logic_error(block_ended);
         }
     }

@@ -10,10 +10,12 @@
 // connection. The connection is then discarded, never reused.
 //
 // Guarantees.
-// - A socket is shut down only while its entry is armed: disarm() and the
-//   firing both run under the watchdog's mutex, and the pool disarms before
-//   it can close the connection, so a socket number reused by another
-//   connection is never touched.
+// - Only the socket it was armed for is ever shut down. arm() keeps a
+//   duplicate of the socket's descriptor (dup) until the entry is disarmed or
+//   fires; libpq may close its own descriptor meanwhile (a connection it finds
+//   lost), but the socket, and the duplicate's number, stay reserved, so a
+//   number reused by another connection is never touched. Shutting the
+//   duplicate down shuts the shared socket down.
 // - One thread per watchdog (per pool), started on the first arm(); arm()
 //   and disarm() never allocate once the entries' capacity (the pool's
 //   max_size) is reserved, and never block on the network.
@@ -36,7 +38,9 @@
 #if defined(_WIN32)
 #include <winsock2.h>
 #else
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #endif
 
 namespace bulkhead::detail {
@@ -69,12 +73,26 @@ public:
     ///         std::bad_alloc beyond the reserved capacity.
     [[nodiscard]] ticket arm(int socket, clock::time_point at, std::atomic<bool>& fired) {
         fired.store(false, std::memory_order_relaxed);
+        const int own = duplicate(socket);
+        if (own < 0) {
+            return 0;  // no descriptor left: this call goes without a watchdog
+        }
         std::unique_lock lock(m_mutex);
         if (!m_thread.joinable()) {
-            m_thread = std::thread([this] { run(); });
+            try {
+                m_thread = std::thread([this] { run(); });
+            } catch (...) {
+                close_descriptor(own);
+                throw;
+            }
         }
         const ticket id = ++m_last_ticket;
-        m_entries.push_back(entry{id, socket, at, &fired});
+        try {
+            m_entries.push_back(entry{id, own, at, &fired});
+        } catch (...) {
+            close_descriptor(own);
+            throw;
+        }
         const bool earliest = at < m_next_wake;
         lock.unlock();
         if (earliest) {
@@ -92,6 +110,7 @@ public:
         const auto found =
             std::find_if(m_entries.begin(), m_entries.end(), [&](const entry& each) { return each.id == id; });
         if (found != m_entries.end()) {
+            close_descriptor(found->socket);
             *found = m_entries.back();
             m_entries.pop_back();
         }
@@ -117,6 +136,7 @@ private:
                     // from it and must then see why.
                     each.fired->store(true, std::memory_order_release);
                     shut_down(each.socket);
+                    close_descriptor(each.socket);
                     each = m_entries.back();
                     m_entries.pop_back();
                     continue;
@@ -130,6 +150,23 @@ private:
                 m_wake.wait_until(lock, m_next_wake);
             }
         }
+    }
+
+    /// A descriptor of the watchdog's own for `socket`, or -1.
+    static int duplicate(int socket) noexcept {
+#if defined(_WIN32)
+        return socket;  // no dup for Windows sockets: the pool disarms before it closes one
+#else
+        return socket < 0 ? -1 : ::fcntl(socket, F_DUPFD_CLOEXEC, 0);
+#endif
+    }
+
+    static void close_descriptor(int socket) noexcept {
+#if defined(_WIN32)
+        (void)socket;
+#else
+        (void)::close(socket);
+#endif
     }
 
     static void shut_down(int socket) noexcept {
