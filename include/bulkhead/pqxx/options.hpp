@@ -56,7 +56,9 @@ struct pqxx_pool_options {
     /// Called once for every connection the pool closes, with the reason
     /// (discarded, broken, lifetime, idle, validation_failed, shutdown): an
     /// observer hook for logging or tracing. Must not throw and must not call
-    /// acquire(); it may run with the pool's mutex held. Empty: nothing is called.
+    /// acquire(); it may run with the pool's mutex held. Not called any more
+    /// once the pool object is gone (for leases returned later, say). Empty:
+    /// nothing is called.
     std::function<void(close_reason)> on_close{};
     /// Called once for every new connection, on the thread that opens it,
     /// before anyone uses it: per-connection setup (SET search_path, SET

@@ -246,14 +246,14 @@ public:
             const std::lock_guard lock(m_mutex);
             assert(m_queue.empty() && "bulkhead::pqxx_pool destroyed while a thread waits in acquire()");
             m_closed = true;
-            // A connection attempt still running on its own thread, or a lease
-            // still out, must not call the user's hooks once the pool is gone:
-            // what they capture may be gone too.
-            m_hooks_off.store(true, std::memory_order_release);
             idle.swap(m_idle);
             for (std::size_t i = 0; i < idle.size(); ++i) {
                 count_close(close_reason::shutdown);
             }
+            // From here on, a connection attempt still running on its own
+            // thread, or a lease still out, must not call the user's hooks:
+            // what they capture may be gone with the pool.
+            m_hooks_off.store(true, std::memory_order_release);
             store(m_size, load(m_size) - idle.size());
             store(m_idle_count, 0);
         }
