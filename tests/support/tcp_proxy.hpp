@@ -116,6 +116,8 @@ public:
     /// Client connections open through the proxy now, and the most at once.
     [[nodiscard]] int open_links() const noexcept { return m_open.load(); }
     [[nodiscard]] int max_open_links() const noexcept { return m_max_open.load(); }
+    /// Starts the most-at-once count again from the connections open now.
+    void reset_max_open_links() noexcept { m_max_open.store(m_open.load()); }
 
     /// How many times a cut happened.
     [[nodiscard]] int cuts() const noexcept { return m_cuts.load(); }
