@@ -246,7 +246,10 @@ TEST_CASE("[E5] request_stop returns at once when the cancel cannot get through,
     const auto took = clock_type::now() - before;
     std::printf("edges: E5 request_stop with an unanswered cancel took %ld us\n",
                 static_cast<long>(std::chrono::duration_cast<std::chrono::microseconds>(took).count()));
-    CHECK(took < 20ms);  // was: blocked until the cancel was answered (5 s here, a TCP timeout in general)
+    // Microseconds as a rule (one thread started); the bound leaves room for a
+    // sanitizer build on a loaded machine. Was: blocked until the cancel was
+    // answered (5 s here, a TCP timeout in general).
+    CHECK(took < 200ms);
     CHECK_THROWS_AS(call.get(), bulkhead::work_cancelled);  // the statement ran to its end; nothing committed
     CHECK(proxy.held() == 1);                               // the cancel really was sent, and is still stuck
     CHECK(gate.available() == 1);
