@@ -35,6 +35,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 namespace bulkhead::detail::pqxx_compat {
@@ -251,60 +252,60 @@ private:
 
 #endif
 
+/// Throws a `Error` for a server error: with the query and SQLSTATE where
+/// the class takes them (every sql_error, and libpqxx 7's
+/// transaction_rollback family), with the message alone where it does not
+/// (libpqxx 6's transaction_rollback family is no sql_error).
+template <class Error>
+[[noreturn]] void throw_as(const std::string& message, const std::string& query, const char* sqlstate) {
+    if constexpr (std::is_constructible_v<Error, const std::string&, const std::string&, const char*>) {
+        throw Error(message, query, sqlstate);
+    } else {
+        throw Error(message);
+    }
+}
+
 /// Throws what libpqxx throws for a server error with `sqlstate` in answer
 /// to `query`, for the errors a COMMIT or ROLLBACK can meet: the integrity
 /// constraint classes (a deferred constraint), the transaction rollback
 /// classes (serialization failure, deadlock), insufficient resources, and
-/// pqxx::sql_error for anything else. libpqxx 6's transaction_rollback
-/// family carries no SQLSTATE (it is not an sql_error there); 7's does.
+/// pqxx::sql_error for anything else.
 [[noreturn]] inline void throw_server_error(const std::string& message, const std::string& query,
                                             const std::string& sqlstate) {
     const char* const state = sqlstate.empty() ? nullptr : sqlstate.c_str();
     const auto is = [&](std::string_view code) { return sqlstate == code; };
     const auto in_class = [&](std::string_view prefix) { return sqlstate.compare(0, prefix.size(), prefix) == 0; };
     if (is("23505")) {
-        throw pqxx::unique_violation(message, query, state);
+        throw_as<pqxx::unique_violation>(message, query, state);
     }
     if (is("23503")) {
-        throw pqxx::foreign_key_violation(message, query, state);
+        throw_as<pqxx::foreign_key_violation>(message, query, state);
     }
     if (is("23502")) {
-        throw pqxx::not_null_violation(message, query, state);
+        throw_as<pqxx::not_null_violation>(message, query, state);
     }
     if (is("23514")) {
-        throw pqxx::check_violation(message, query, state);
+        throw_as<pqxx::check_violation>(message, query, state);
     }
     if (is("23001")) {
-        throw pqxx::restrict_violation(message, query, state);
+        throw_as<pqxx::restrict_violation>(message, query, state);
     }
     if (in_class("23")) {
-        throw pqxx::integrity_constraint_violation(message, query, state);
+        throw_as<pqxx::integrity_constraint_violation>(message, query, state);
     }
     if (in_class("53")) {
-        throw pqxx::insufficient_resources(message, query, state);
+        throw_as<pqxx::insufficient_resources>(message, query, state);
     }
-#if PQXX_VERSION_MAJOR == 6
     if (is("40001")) {
-        throw pqxx::serialization_failure(message);
+        throw_as<pqxx::serialization_failure>(message, query, state);
     }
     if (is("40P01")) {
-        throw pqxx::deadlock_detected(message);
+        throw_as<pqxx::deadlock_detected>(message, query, state);
     }
     if (in_class("40")) {
-        throw pqxx::transaction_rollback(message);
+        throw_as<pqxx::transaction_rollback>(message, query, state);
     }
-#else
-    if (is("40001")) {
-        throw pqxx::serialization_failure(message, query, state);
-    }
-    if (is("40P01")) {
-        throw pqxx::deadlock_detected(message, query, state);
-    }
-    if (in_class("40")) {
-        throw pqxx::transaction_rollback(message, query, state);
-    }
-#endif
-    throw pqxx::sql_error(message, query, state);
+    throw_as<pqxx::sql_error>(message, query, state);
 }
 
 }  // namespace bulkhead::detail::pqxx_compat
