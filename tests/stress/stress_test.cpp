@@ -771,7 +771,13 @@ void check_back_to_full(gate_t& gate, bulkhead::pqxx_pool& pool, const load_sett
     CHECK(counts.most_running.load() <= settings.concurrent);
     CHECK(counts.most_inside.load() <= settings.concurrent + settings.extra_slots);
     CHECK(counts.most_waiting.load() <= settings.extra_slots);
-    CHECK(counts.most_server_busy.load() <= settings.concurrent);
+    // With faults, a backend frozen mid-statement whose connection the pool's
+    // watchdog cut off still counts as active on the server until it runs
+    // again and notices: the server may then see more than B at once, the
+    // gate never does (most_running above).
+    if (!settings.faults) {
+        CHECK(counts.most_server_busy.load() <= settings.concurrent);
+    }
     CHECK(counts.total(outcome::in_doubt) == 0);
     // Permits and pool back to full.
     CHECK(gate.available() == settings.concurrent);
