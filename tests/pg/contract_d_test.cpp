@@ -1,12 +1,9 @@
 // Contract section D: the demo, run as a user would run it.
 #include "pg_test_database.hpp"
+#include "run_program.hpp"
 
 #include "catch.hpp"
 
-#include <sys/wait.h>
-
-#include <array>
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -26,15 +23,7 @@ TEST_CASE("[D1] examples/demo prints overload=rejected, query=42, available=1 an
     ::unsetenv("DB_USER");
     ::unsetenv("DB_PASSWORD");
     // NOLINTEND(concurrency-mt-unsafe)
-    std::FILE* pipe = ::popen(("'" + demo + "'").c_str(), "r");
-    REQUIRE(pipe != nullptr);
-    std::string output;
-    std::array<char, 256> buffer{};
-    while (std::fgets(buffer.data(), static_cast<int>(buffer.size()), pipe) != nullptr) {
-        output += buffer.data();
-    }
-    const int status = ::pclose(pipe);
-    CHECK(output == "overload=rejected\nquery=42\navailable=1\n");
-    REQUIRE(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
+    const bulkhead_test::program_result run = bulkhead_test::run_program(demo);
+    CHECK(run.output == "overload=rejected\nquery=42\navailable=1\n");
+    CHECK(run.exited_zero());
 }

@@ -6,6 +6,7 @@
 // state behind or end the transaction themselves.
 #include "fault_helpers.hpp"
 #include "pg_helpers.hpp"
+#include "run_program.hpp"
 #include "tcp_proxy.hpp"
 
 #include "catch.hpp"
@@ -22,6 +23,10 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#ifndef BULKHEAD_EXIT_PROBE_PATH
+#define BULKHEAD_EXIT_PROBE_PATH ""
+#endif
 
 using namespace bulkhead_test;
 using gate_t = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
@@ -144,6 +149,25 @@ TEST_CASE("[E2] the check of an idle connection and the opening of its replaceme
         CHECK(short_pool.size() == 1);
         CHECK(proxy.held() - held_before == 1);
     }
+}
+
+TEST_CASE("[E2] a process that exits while a connection attempt it gave up on runs waits for it, up to its timeout",
+          "[pg][E2]") {
+    // The attempt runs inside libpq on a thread nobody joins; an exit under
+    // it would tear down libpq's libraries (libgssapi's mutexes) while it
+    // uses them. tests/pg/exit_probe.cpp gives up on a connect that is never
+    // answered and returns from main at once.
+    const std::string probe = BULKHEAD_EXIT_PROBE_PATH;
+    REQUIRE_FALSE(probe.empty());
+    const auto start = clock_type::now();
+    const program_result run = run_program(probe);
+    figure("E2 exit with an unanswered connect in flight (libpq's connect_timeout=2): took", start);
+    CHECK(run.output == "acquire: pool_timeout\nrunning at exit: 0\n");
+    CHECK(run.exited_zero());
+    const auto took = clock_type::now() - start;
+    CHECK(took >= 1500ms);  // it waited for the attempt (which ends at libpq's 2 s), not raced it
+    CHECK(took < 5s);       // nor longer than the attempt's own bound: 2 s of connect_timeout (up to 3 s in
+                            // libpq before 17, which counts whole seconds of time()), 1 s after it
 }
 
 // --- E3 ---------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 // The examples, run as a user would run them against the suite's server.
 #include "pg_test_database.hpp"
+#include "run_program.hpp"
 
 #include "catch.hpp"
 
@@ -60,19 +61,11 @@ TEST_CASE("examples/orders writes through one gate from several threads and ends
     const std::string orders = require_example(BULKHEAD_ORDERS_PATH, "orders");
     // NOLINTNEXTLINE(concurrency-mt-unsafe): no other thread runs here (every test joins its threads)
     REQUIRE(::setenv("DB_URL", bulkhead_test::conninfo().c_str(), 1) == 0);
-    std::FILE* pipe = ::popen(("'" + orders + "'").c_str(), "r");
-    REQUIRE(pipe != nullptr);
-    std::string output;
-    std::array<char, 256> buffer{};
-    while (std::fgets(buffer.data(), static_cast<int>(buffer.size()), pipe) != nullptr) {
-        output += buffer.data();
-    }
-    const int status = ::pclose(pipe);
-    INFO(output);
-    CHECK_THAT(output, Catch::Matchers::ContainsSubstring("consistent\n"));
-    CHECK_THAT(output, Catch::Matchers::ContainsSubstring("attempted=1600"));
-    REQUIRE(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
+    const bulkhead_test::program_result run = bulkhead_test::run_program(orders);
+    INFO(run.output);
+    CHECK_THAT(run.output, Catch::Matchers::ContainsSubstring("consistent\n"));
+    CHECK_THAT(run.output, Catch::Matchers::ContainsSubstring("attempted=1600"));
+    CHECK(run.exited_zero());
 }
 
 TEST_CASE("examples/metrics_server serves an exposition that passes the format check", "[pg][examples][prometheus]") {

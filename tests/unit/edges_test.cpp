@@ -2,17 +2,21 @@
 // when permits move between threads and tasks share a thread (E4), the
 // commit refused past the deadline (E10, with the fake pool), every admitted
 // call counted once (E14), and the connection-string rules that keep every
-// password out of messages (E11: pqxx/conninfo.hpp needs no libpq).
+// password out of messages (E11: pqxx/conninfo.hpp needs no libpq), and the
+// wait at exit for the threads the libpqxx layer does not join (E2).
 #include "fake_pool.hpp"
 #include "test_util.hpp"
 
 #include <bulkhead/bulkhead.hpp>
+#include <bulkhead/detail/detached_threads.hpp>
 #include <bulkhead/pqxx/conninfo.hpp>
 
 #include "catch.hpp"
 
 #include <chrono>
 #include <cstdint>
+#include <latch>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -255,4 +259,37 @@ TEST_CASE("[E7] the pool's TCP defaults are added unless the connection string s
     CHECK(uri.base.find("tcp_user_timeout=5000") != std::string::npos);
     CHECK(uri.base.find("tcp_user_timeout=30000") == std::string::npos);
     CHECK(uri.base.find("&keepalives_idle=15") != std::string::npos);
+}
+
+// --- E2: the threads nobody joins ----------------------------------------------------
+TEST_CASE("[E2] a thread the library does not join is counted until it and its captures are gone", "[threads][E2]") {
+    using bulkhead::detail::detached_threads;
+    const std::size_t before = detached_threads::running();
+    std::latch release(1);
+    auto token = std::make_shared<int>(0);
+    REQUIRE(detached_threads::start(std::chrono::steady_clock::now() + 60s, [&release, token] { release.wait(); }));
+    CHECK(detached_threads::running() == before + 1);
+    CHECK_FALSE(detached_threads::wait_until(std::chrono::steady_clock::now() + 20ms));  // still blocked
+    std::thread releaser([&release] { release.count_down(); });
+    CHECK(detached_threads::wait_until(std::chrono::steady_clock::now() + 10s));
+    releaser.join();
+    CHECK(detached_threads::running() == before);
+    CHECK(token.use_count() == 1);  // the thread's copy was destroyed before it stopped counting
+}
+
+TEST_CASE("[E2] the wait for the library's threads ends at the latest time they were expected to end by",
+          "[threads][E2]") {
+    using bulkhead::detail::detached_threads;
+    const std::size_t before = detached_threads::running();
+    std::latch release(1);
+    const auto start = std::chrono::steady_clock::now();
+    REQUIRE(detached_threads::start(start + 100ms, [&release] { release.wait(); }));
+    CHECK_FALSE(detached_threads::wait_until(std::chrono::steady_clock::time_point::max()));
+    const auto waited = std::chrono::steady_clock::now() - start;
+    CHECK(waited >= 100ms);
+    CHECK(waited < 2s);
+    release.count_down();
+    while (detached_threads::running() > before) {  // the thread ends at once now
+        std::this_thread::yield();
+    }
 }

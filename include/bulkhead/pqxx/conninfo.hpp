@@ -489,18 +489,23 @@ inline void append_parameter(std::string& conninfo, bool uri, std::string_view k
     return target;
 }
 
+/// The connect_timeout the pool gives libpq for one attempt that should end
+/// within `remaining`: libpq counts it in whole seconds, at least 2 (per host
+/// address it tries); the pool bounds the attempt more finely itself
+/// (pool_core::open).
+[[nodiscard]] inline std::chrono::seconds connect_timeout_for(std::chrono::steady_clock::duration remaining) noexcept {
+    return std::chrono::seconds(
+        std::clamp<std::int64_t>(std::chrono::ceil<std::chrono::seconds>(remaining).count(), 2, INT_MAX));
+}
+
 /// The connection string for one attempt that should end within `remaining`.
-/// libpq counts connect_timeout in whole seconds, at least 2; the pool bounds
-/// the attempt more finely itself (pool_core::open).
 [[nodiscard]] inline std::string connect_string(const connect_target& target,
                                                 std::chrono::steady_clock::duration remaining) {
     if (!target.add_connect_timeout) {
         return target.base;
     }
-    const auto seconds =
-        std::clamp<std::int64_t>(std::chrono::ceil<std::chrono::seconds>(remaining).count(), 2, INT_MAX);
     std::string info = target.base;
-    append_parameter(info, target.uri, "connect_timeout", std::to_string(seconds));
+    append_parameter(info, target.uri, "connect_timeout", std::to_string(connect_timeout_for(remaining).count()));
     return info;
 }
 

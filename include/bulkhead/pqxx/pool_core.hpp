@@ -13,6 +13,7 @@
 #pragma once
 
 #include <bulkhead/detail/clock.hpp>
+#include <bulkhead/detail/detached_threads.hpp>
 #include <bulkhead/detail/wait_queue.hpp>
 #include <bulkhead/error.hpp>
 #include <bulkhead/pool_stats.hpp>
@@ -43,7 +44,6 @@
 #include <stdexcept>
 #include <stop_token>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -463,9 +463,10 @@ private:
     /// idle list). Null when none could be had in time.
     std::unique_ptr<pooled_connection> open(clock::time_point until, const std::stop_token& stop) {
         std::shared_ptr<open_attempt> attempt;
+        bool started = false;
         try {
             attempt = std::make_shared<open_attempt>();
-            std::thread([self = shared_from_this(), attempt, until] {
+            started = detached_threads::start(attempt_end(until), [self = shared_from_this(), attempt, until] {
                 std::unique_ptr<pooled_connection> opened = self->connect_in_slot(until);
                 std::unique_lock lock(attempt->mutex);
                 if (attempt->abandoned) {
@@ -478,8 +479,10 @@ private:
                 attempt->connection = std::move(opened);
                 attempt->done = true;
                 attempt->done_signal.notify_one();
-            }).detach();
-        } catch (...) {  // no thread (or no memory): connect on this one
+            });
+        } catch (...) {  // no memory: as without a thread
+        }
+        if (!started) {  // connect on this thread
             return connect_in_slot(until);
         }
         const std::stop_callback wake_on_stop(stop, [&attempt]() noexcept {
@@ -495,6 +498,20 @@ private:
         }
         attempt->abandoned = true;
         return nullptr;
+    }
+
+    /// When a connection attempt that should end by `until` ends at the
+    /// latest: libpq's connect timeout (the pool's, or connection_timeout
+    /// when the conninfo or PGCONNECT_TIMEOUT sets libpq's own), a second
+    /// more (libpq before 17 counts it from a time() in whole seconds, so
+    /// 2 s may last almost 3), and a second for what follows the connect.
+    /// How long an exit waits for it.
+    [[nodiscard]] clock::time_point attempt_end(clock::time_point until) const noexcept {
+        const auto now = clock::now();
+        const clock::duration libpq_bound = m_target.add_connect_timeout
+                                                ? clock::duration(connect_timeout_for(until - now))
+                                                : clock::duration(m_options.connection_timeout);
+        return now + libpq_bound + std::chrono::seconds(2);
     }
 
     /// Connects in a slot the caller reserved, on the calling thread, and

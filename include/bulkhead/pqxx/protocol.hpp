@@ -26,6 +26,7 @@
 // cancel_request::send may be called from any thread.
 #pragma once
 
+#include <bulkhead/detail/detached_threads.hpp>
 #include <bulkhead/pqxx/conninfo.hpp>
 #include <bulkhead/pqxx/options.hpp>
 
@@ -454,6 +455,10 @@ public:
     /// Sends at once in the whole process, at most.
     static constexpr int max_senders = 64;
 
+    /// How long a process that exits waits for a send still running (one to
+    /// a server that answers takes a round trip).
+    static constexpr std::chrono::seconds exit_patience{2};
+
     explicit cancel_request(PGconn* connection) noexcept
         : m_cancel(connection != nullptr ? PQgetCancel(connection) : nullptr) {}
     cancel_request(const cancel_request&) = delete;
@@ -494,8 +499,7 @@ public:
             request->m_in_flight.store(false, std::memory_order_release);
             return false;
         }
-        try {
-            std::thread([request] {
+        if (detached_threads::start(std::chrono::steady_clock::now() + exit_patience, [request] {
                 std::array<char, 256> error{};
                 (void)PQcancel(request->m_cancel, error.data(), static_cast<int>(error.size()));
                 {
@@ -504,13 +508,12 @@ public:
                 }
                 request->m_sent.notify_all();
                 senders().fetch_sub(1, std::memory_order_relaxed);
-            }).detach();
+            })) {
             return true;
-        } catch (...) {
-            senders().fetch_sub(1, std::memory_order_relaxed);
-            request->m_in_flight.store(false, std::memory_order_release);
-            return false;
         }
+        senders().fetch_sub(1, std::memory_order_relaxed);
+        request->m_in_flight.store(false, std::memory_order_release);
+        return false;
     }
 
 private:
