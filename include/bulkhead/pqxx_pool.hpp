@@ -406,9 +406,6 @@ private:
             control.settle_until = std::min(control.settle_until, cut_at);
             control.watchdog = &m_core->watchdog();
         }
-        if (control.track_txid) {
-            control.begin_statement.append("; ").append(detail::current_xact_id(connection.server_version));
-        }
         if (control.watchdog != nullptr) {  // last: nothing but the transaction's construction may throw after it
             control.watch = control.watchdog->arm(
                 PQsocket(connection.handle),

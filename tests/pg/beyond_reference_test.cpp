@@ -267,7 +267,8 @@ TEST_CASE("commit_unknown only when the outcome cannot be read back, never a sil
     CHECK(gate.available() == 1);
 }
 
-TEST_CASE("the transaction id is read with BEGIN for read-write work only, never for read-only work", "[pg][commit]") {
+TEST_CASE("no transaction id is forced: read-write work that only reads gets none, and its lost COMMIT is harmless",
+          "[pg][commit]") {
     bulkhead::pqxx_pool pool(pool_options("bulkhead-commit-txid", 1));
     gate_t gate(pool, 1, 0);
     auto assigned = [&](const gate_t::options& call) {
@@ -280,9 +281,42 @@ TEST_CASE("the transaction id is read with BEGIN for read-write work only, never
     read_only.transaction.read_only = true;
     gate_t::options untracked{};
     untracked.transaction.resolve_commit_outcome = false;
-    CHECK(assigned(read_write));       // txid_current() ran with BEGIN
-    CHECK_FALSE(assigned(read_only));  // nothing extra on the read-only path
+    CHECK_FALSE(assigned(read_write));  // outcome tracking asks for the id at COMMIT, if assigned, never forces one
+    CHECK_FALSE(assigned(read_only));
     CHECK_FALSE(assigned(untracked));
+
+    // Its COMMIT's answer lost: the id question said none was assigned, so
+    // nothing was written and nothing needs looking up.
+    tcp_proxy proxy = proxy_to_server();
+    bulkhead::pqxx_pool proxied(proxied_options(proxy, "bulkhead-commit-txid-lost"));
+    gate_t proxied_gate(proxied, 1, 0);
+    proxy.arm(tcp_proxy::cut::drop_after_commit);
+    try {
+        proxied_gate.transaction(1s, [](pqxx::dbtransaction& tx) { (void)exec_one_row(tx, "SELECT 1"); });
+        FAIL("no exception");
+    } catch (const pqxx::broken_connection& lost) {
+        CHECK_THAT(lost.what(), Catch::Matchers::ContainsSubstring("no transaction id was assigned"));
+    }
+    CHECK(proxy.cuts() == 1);
+}
+
+TEST_CASE("a COMMIT whose answer is lost together with the transaction id's is commit_unknown, never a guess",
+          "[pg][commit]") {
+    tcp_proxy proxy = proxy_to_server();
+    scratch_table table("bulkhead_commit_id_lost", "id int");
+    bulkhead::pqxx_pool pool(proxied_options(proxy, "bulkhead-commit-id-lost"));
+    gate_t gate(pool, 1, 0);
+    proxy.arm(tcp_proxy::cut::drop_commit_and_id);
+    try {
+        gate.transaction(
+            1s, [&](pqxx::dbtransaction& tx) { exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)"); });
+        FAIL("no exception");
+    } catch (const bulkhead::commit_unknown& unknown) {
+        CHECK_THAT(unknown.what(), Catch::Matchers::ContainsSubstring("transaction's id was lost too"));
+    }
+    CHECK(proxy.cuts() == 1);
+    CHECK(table.rows() == 1);  // it did commit: "unknown" is not "failed"
+    CHECK(gate.available() == 1);
 }
 
 // --- 4. What libpq already knows is not asked of the server ------------------------------

@@ -5,16 +5,27 @@
 // never gets a reply), refuse new connections, and count the connections
 // open through it at once.
 //
-// It forwards bytes both ways and parses the client's side of the protocol
-// (the untyped startup packets, then typed messages) so that it recognizes a
-// simple query that ends with COMMIT. When armed it then either
-//   - drop_after_commit: forwards the COMMIT, swallows the server's answer and
-//     closes the client's socket once the answer arrived: the commit landed,
-//     the client never hears of it;
-//   - drop_before_commit: closes both sockets instead of forwarding the COMMIT:
-//     the server sees the client vanish inside a transaction and aborts it;
+// It forwards bytes both ways and parses the protocol both ways (the untyped
+// startup packets and the one-byte answers to SSLRequest/GSSENCRequest, then
+// typed messages), so that it recognizes a COMMIT: a simple query that
+// starts or ends with COMMIT, or an extended-protocol Parse of "COMMIT" (the
+// pool's commit in pipeline mode), and knows which of the server's answers
+// come before it (one ReadyForQuery per simple query or Sync). When armed
+// it then either
+//   - drop_after_commit: forwards the COMMIT, relays the server's answers up
+//     to the COMMIT's own, swallows that and closes the client's socket: the
+//     commit landed, the client never hears of it (it did hear everything
+//     the server answered before, such as the transaction id asked for in
+//     the same pipeline);
+//   - drop_commit_and_id: as drop_after_commit, but from the answer to the
+//     pool's question for the transaction id on (the Parse of
+//     pg_current_xact_id_if_assigned() that goes ahead of the COMMIT): the
+//     commit lands and the client hears neither;
+//   - drop_before_commit: closes both sockets instead of forwarding the
+//     COMMIT, once the server's earlier answers were relayed: the server sees
+//     the client vanish inside a transaction and aborts it;
 //   - drop_at_next_query: closes both sockets instead of forwarding the next
-//     simple query, whatever it is (a BEGIN on a connection that looked fine).
+//     query, whatever it is (a BEGIN on a connection that looked fine).
 // It fires once per arming. Listens on 127.0.0.1, ephemeral port.
 #pragma once
 
@@ -27,6 +38,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <list>
@@ -40,7 +52,7 @@ namespace bulkhead_test {
 
 class tcp_proxy {
 public:
-    enum class cut { none, drop_after_commit, drop_before_commit, drop_at_next_query };
+    enum class cut { none, drop_after_commit, drop_commit_and_id, drop_before_commit, drop_at_next_query };
 
     /// Proxies 127.0.0.1:port() to upstream_host:upstream_port.
     tcp_proxy(std::string upstream_host, int upstream_port)
@@ -122,9 +134,10 @@ public:
     /// How many times a cut happened.
     [[nodiscard]] int cuts() const noexcept { return m_cuts.load(); }
 
-    /// Simple-query messages the clients sent so far, and those of them that
-    /// end with COMMIT. A query is counted before it is forwarded, so once
-    /// its answer has arrived the count includes it.
+    /// Queries the clients sent so far (simple-query messages and Parse
+    /// messages), and those of them that are a COMMIT. A query is counted
+    /// before it is forwarded, so once its answer has arrived the count
+    /// includes it.
     [[nodiscard]] int queries() const noexcept { return m_queries.load(); }
     [[nodiscard]] int commits() const noexcept { return m_commits.load(); }
 
@@ -132,7 +145,14 @@ private:
     struct link {
         int client = -1;
         int upstream = -1;
-        std::atomic<bool> swallow{false};  // drop_after_commit: eat the server's answer
+        // ReadyForQuery messages the server owes (one per simple query or
+        // Sync forwarded) and those relayed; from the swallow_after-th
+        // relayed one on, the server's answers are eaten and the client cut
+        // off (drop_after_commit, drop_commit_and_id).
+        std::atomic<long> answers_owed{0};
+        std::atomic<long> answers_relayed{0};
+        std::atomic<long> swallow_after{LONG_MAX};
+        std::atomic<int> single_bytes_owed{0};  // answers to SSLRequest / GSSENCRequest
         std::atomic<bool> closed{false};
         std::atomic<int>* open = nullptr;
         std::thread client_to_upstream;
@@ -234,31 +254,23 @@ private:
                     std::uint32_t code_be = 0;
                     std::memcpy(&code_be, message + 4, 4);
                     const std::uint32_t code = ntohl(code_be);
-                    // SSLRequest / GSSENCRequest are followed by another untyped packet.
+                    // SSLRequest / GSSENCRequest get a one-byte answer and are
+                    // followed by another untyped packet.
                     startup = (code == 80877103U || code == 80877104U);
-                } else if (message[0] == 'Q') {
-                    ++m_queries;
-                    if (m_armed.load() == cut::drop_at_next_query &&
-                        m_armed.exchange(cut::none) == cut::drop_at_next_query) {
-                        ++m_cuts;
-                        through.close_both();
-                        return;
+                    if (startup) {
+                        ++through.single_bytes_owed;
+                    } else if (code != 80877102U) {  // a StartupMessage (not a CancelRequest): the login ends
+                        ++through.answers_owed;      // with a ReadyForQuery
                     }
-                    if (is_commit(message + 5, length - 4)) {
-                        ++m_commits;
-                        const cut how = m_armed.exchange(cut::none);
-                        if (how == cut::drop_before_commit) {
-                            ++m_cuts;
-                            through.close_both();
-                            return;
-                        }
-                        if (how == cut::drop_after_commit) {
-                            ++m_cuts;
-                            through.swallow = true;
-                        }
+                } else if (message[0] == 'Q' || message[0] == 'P') {
+                    if (!on_query(through, message, length)) {
+                        return;
                     }
                 }
                 wait_while_silent(through);
+                if (message[0] == 'Q' || message[0] == 'S') {
+                    ++through.answers_owed;  // before the server can answer it
+                }
                 if (!send_all(through.upstream, message, total)) {
                     through.close_both();
                     return;
@@ -270,25 +282,109 @@ private:
         through.close_both();
     }
 
-    /// Server to client, raw; when swallowing, the answer is eaten and the
-    /// client cut off.
+    /// A simple query ('Q') or Parse ('P') message of `length` (as the
+    /// message says, without the type byte) about to be forwarded; false
+    /// when the link was cut instead.
+    bool on_query(link& through, const char* message, std::size_t length) {
+        ++m_queries;
+        if (m_armed.load() == cut::drop_at_next_query && m_armed.exchange(cut::none) == cut::drop_at_next_query) {
+            ++m_cuts;
+            through.close_both();
+            return false;
+        }
+        const char* text = message + 5;
+        std::size_t size = length - 4;
+        if (message[0] == 'P') {  // statement name, then the query
+            const std::size_t name = ::strnlen(text, size) + 1;
+            text += name;
+            size = name < size ? ::strnlen(text, size - name) + 1 : 0;
+        }
+        if (message[0] == 'P' && is_id_question(text) && m_armed.load() == cut::drop_commit_and_id &&
+            m_armed.exchange(cut::none) == cut::drop_commit_and_id) {
+            ++m_cuts;
+            through.swallow_after = through.answers_owed.load();  // from this question's answer on
+        }
+        if (!is_commit(text, size)) {
+            return true;
+        }
+        ++m_commits;
+        const cut how = m_armed.load() == cut::drop_commit_and_id ? cut::none : m_armed.exchange(cut::none);
+        if (how == cut::drop_before_commit) {
+            ++m_cuts;
+            // The server's answers to what went before arrive first (the
+            // transaction id asked in the same pipeline, say).
+            for (int waited = 0; through.answers_relayed < through.answers_owed && waited < 2000; ++waited) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+            through.close_both();
+            return false;
+        }
+        if (how == cut::drop_after_commit) {
+            ++m_cuts;
+            through.swallow_after = through.answers_owed.load();  // from the COMMIT's answer on
+        }
+        return true;
+    }
+
+    /// Server to client, message by message, counting ReadyForQuery; from
+    /// the swallow_after-th one on the answers are eaten and the client cut
+    /// off.
     void pump_upstream(link& through) {
+        std::vector<char> pending;
+        std::vector<char> out;
         char buffer[65536];
         for (;;) {
             const ssize_t got = ::recv(through.upstream, buffer, sizeof buffer, 0);
             if (got <= 0) {
                 break;
             }
-            if (through.swallow) {
-                through.close_both();
-                return;
+            pending.insert(pending.end(), buffer, buffer + got);
+            std::size_t at = 0;
+            bool swallowing = false;
+            for (;;) {
+                std::size_t total = 0;
+                if (through.single_bytes_owed > 0 && pending.size() - at >= 1) {
+                    --through.single_bytes_owed;
+                    total = 1;
+                } else {
+                    if (pending.size() - at < 5) {
+                        break;
+                    }
+                    std::uint32_t length_be = 0;
+                    std::memcpy(&length_be, pending.data() + at + 1, 4);
+                    total = 1 + static_cast<std::size_t>(ntohl(length_be));
+                    if (pending.size() - at < total) {
+                        break;
+                    }
+                }
+                if (through.answers_relayed >= through.swallow_after) {
+                    swallowing = true;
+                    break;
+                }
+                if (total > 1 && pending[at] == 'Z') {
+                    ++through.answers_relayed;
+                }
+                out.insert(out.end(), pending.begin() + static_cast<std::ptrdiff_t>(at),
+                           pending.begin() + static_cast<std::ptrdiff_t>(at + total));
+                at += total;
             }
+            pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(at));
             wait_while_silent(through);
-            if (!send_all(through.client, buffer, static_cast<std::size_t>(got))) {
+            if (!out.empty() && !send_all(through.client, out.data(), out.size())) {
+                break;
+            }
+            out.clear();
+            if (swallowing) {
                 break;
             }
         }
         through.close_both();
+    }
+
+    /// The pool's question for the transaction's id, asked ahead of its COMMIT.
+    static bool is_id_question(const char* text) noexcept {
+        return std::strncmp(text, "SELECT pg_current_xact_id_if_assigned()", 39) == 0 ||
+               std::strncmp(text, "SELECT txid_current_if_assigned()", 33) == 0;
     }
 
     void wait_while_silent(const link& through) const noexcept {
@@ -297,9 +393,9 @@ private:
         }
     }
 
-    /// True for a simple query whose first or last statement is COMMIT: the
-    /// pool's "COMMIT; <session reset>", and also "...; COMMIT"; `size`
-    /// counts the terminating NUL.
+    /// True for a query whose first or last statement is COMMIT: the pool's
+    /// "COMMIT; <session reset>" or "COMMIT" alone, and also "...; COMMIT";
+    /// `size` counts the terminating NUL.
     static bool is_commit(const char* text, std::size_t size) noexcept {
         if (size >= 7 && std::strncmp(text, "COMMIT", 6) == 0 && (text[6] == ';' || text[6] == '\0')) {
             return true;

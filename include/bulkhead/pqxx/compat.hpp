@@ -188,7 +188,7 @@ private:
 
     pqxx::result run(const std::string& statement) { return direct_exec(statement.c_str()); }
 
-    void do_begin() override { m_control.on_begin_result(run(m_control.begin_statement)); }
+    void do_begin() override { (void)run(m_control.begin_statement); }
     // libpqxx 6's dbtransaction aborts on any failed statement; here the
     // gate decides, so a failure leaves the transaction for rollback(). The
     // control checks the session around each of the callback's statements:
@@ -217,7 +217,7 @@ public:
         : pqxx::dbtransaction(connection), m_control(std::move(control)) {
         register_transaction();
         try {
-            m_control.on_begin_result(run(m_control.begin_statement));
+            (void)run(m_control.begin_statement);
         } catch (...) {
             m_control.on_begin_failed();
             m_control.closing = true;

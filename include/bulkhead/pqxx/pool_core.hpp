@@ -543,17 +543,15 @@ private:
                 restore = read.exec(session_settings_query).at(0).at(0).c_str();
             }
             if (m_options.reset_session) {
-                record->commit_statement = then_reset("COMMIT", restore);
-                record->rollback_statement = then_reset("ROLLBACK", restore);
-                record->reset_statement = std::string(session_reset);
-                if (!restore.empty()) {
-                    record->reset_statement.append("; ").append(restore);
-                }
+                record->commit_steps = reset_steps("COMMIT", restore);
+                record->rollback_statement = one_query(reset_steps("ROLLBACK", restore));
+                record->reset_statement = one_query(reset_steps("", restore));
             } else {
-                record->commit_statement = "COMMIT";
+                record->commit_steps = {"COMMIT"};
                 record->rollback_statement = "ROLLBACK";
                 record->reset_statement.clear();
             }
+            record->commit_statement = one_query(record->commit_steps);
             record->opened_at = clock::now();
             record->idle_since = record->opened_at;
             const std::lock_guard lock(m_mutex);

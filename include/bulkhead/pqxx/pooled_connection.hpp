@@ -16,6 +16,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace bulkhead::detail {
 
@@ -43,8 +44,10 @@ struct pooled_connection {
     // thread that opened it; shared with a send still in flight.
     std::shared_ptr<cancel_request> cancel;
     // "COMMIT; <reset>; <restore>" and "ROLLBACK; <reset>; <restore>", made
-    // once when the connection was opened (protocol.hpp: then_reset), and the
-    // reset alone for a session returned from raw use.
+    // once when the connection was opened (protocol.hpp: reset_steps), and
+    // the reset alone for a session returned from raw use; the COMMIT and the
+    // reset also one statement each, for a commit in pipeline mode.
+    std::vector<std::string> commit_steps;
     std::string commit_statement;
     std::string rollback_statement;
     std::string reset_statement;

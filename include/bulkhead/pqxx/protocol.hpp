@@ -14,7 +14,11 @@
 //   connection's write side at once, so no later statement can reach the
 //   server and run outside the transaction (block_guard);
 // - the session reset that follows the gate's own COMMIT or ROLLBACK in the
-//   same simple query (session_reset): no round trip of its own;
+//   same round trip (session_reset_steps): no round trip of its own;
+// - the COMMIT of a transaction whose outcome is tracked, in pipeline mode
+//   after a question for the transaction's id if it has one (run_pipeline):
+//   the id is learned without forcing the server to assign one, and without
+//   a round trip of its own;
 // - a cancel request sent from a thread of its own (cancel_request), so the
 //   thread that asks never waits on the network;
 // - the lost-commit lookup: the server's function names by version.
@@ -51,6 +55,7 @@
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #if defined(_WIN32)
 #include <winsock2.h>
@@ -78,11 +83,15 @@ namespace bulkhead::detail {
 /// What the server said about a transaction whose COMMIT was lost.
 enum class commit_status : std::uint8_t { committed, aborted, unknown };
 
-/// The statement that reads the transaction id, for a server of version
-/// `server_version` (PQserverVersion): pg_current_xact_id() from 13 on,
-/// txid_current() before.
-[[nodiscard]] constexpr std::string_view current_xact_id(int server_version) noexcept {
-    return server_version >= 130000 ? "SELECT pg_current_xact_id()" : "SELECT txid_current()";
+/// The statement that reads the transaction's id when it has one, for a
+/// server of version `server_version` (PQserverVersion): NULL when nothing
+/// has made the server assign one, that is when the transaction has written
+/// nothing. pg_current_xact_id_if_assigned() from 13 on,
+/// txid_current_if_assigned() before. Asking does not assign an id (asking
+/// with pg_current_xact_id() would, and an id costs the server work at
+/// COMMIT: a commit record, the commit log, the shared list of running ids).
+[[nodiscard]] constexpr const char* xact_id_if_assigned(int server_version) noexcept {
+    return server_version >= 130000 ? "SELECT pg_current_xact_id_if_assigned()" : "SELECT txid_current_if_assigned()";
 }
 
 /// The function that reads a transaction's status, by server version.
@@ -142,6 +151,16 @@ inline bool wait_readable(int socket, std::chrono::steady_clock::time_point dead
 /// terminated backend, a restart). Looks without waiting.
 [[nodiscard]] inline bool has_unread_input(PGconn* connection) noexcept {
     return connection != nullptr && wait_readable(PQsocket(connection), std::chrono::steady_clock::now());
+}
+
+/// True when the session is gone or going, as far as libpq can tell without
+/// waiting: libpq knows it is broken, or the server sent something nobody
+/// asked for. Between the statements of a transaction the server sends
+/// nothing unasked except its farewell (a terminated backend, a restart,
+/// idle_in_transaction_session_timeout; a notification waits for the end of
+/// the transaction). Looks without blocking; sends and reads nothing.
+[[nodiscard]] inline bool session_ending(PGconn* connection) noexcept {
+    return connection == nullptr || PQstatus(connection) == CONNECTION_BAD || has_unread_input(connection);
 }
 
 /// A libpq connection of the pool's own, for short lookups: PQfinish on
@@ -396,9 +415,10 @@ inline int block_guard_event(PGEventId event, void* info, void* pass_through) no
 /// of its own, and a failure in it cannot touch the transaction before it.
 /// DISCARD ALL would do most of this but cannot run in a multi-statement
 /// query.
-inline constexpr std::string_view session_reset =
-    "RESET ALL; SET SESSION AUTHORIZATION DEFAULT; SELECT pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; "
-    "DISCARD TEMP";
+inline constexpr std::array<std::string_view, 6> session_reset_steps = {
+    "RESET ALL",    "SET SESSION AUTHORIZATION DEFAULT", "SELECT pg_advisory_unlock_all()", "CLOSE ALL", "UNLISTEN *",
+    "DISCARD TEMP",
+};
 
 /// Run once on a new connection after on_connect: a statement that sets
 /// again what on_connect set for the session (RESET ALL undoes it), or an
@@ -407,16 +427,28 @@ inline constexpr const char* session_settings_query =
     "SELECT coalesce('SELECT ' || string_agg(format('set_config(%L, %L, false)', name, current_setting(name)), "
     "', '), '') FROM pg_settings WHERE source = 'session'";
 
-/// `first` (COMMIT or ROLLBACK), then the reset, then `restore` (what
-/// session_settings_query returned, possibly empty), as one simple query.
-[[nodiscard]] inline std::string then_reset(std::string_view first, std::string_view restore) {
-    std::string statement;
-    statement.reserve(first.size() + session_reset.size() + restore.size() + 4);
-    statement.append(first).append("; ").append(session_reset);
-    if (!restore.empty()) {
-        statement.append("; ").append(restore);
+/// `first` (COMMIT or ROLLBACK, or nothing), then the reset, then `restore`
+/// (what session_settings_query returned, possibly empty): one statement each.
+[[nodiscard]] inline std::vector<std::string> reset_steps(std::string_view first, std::string_view restore) {
+    std::vector<std::string> steps;
+    steps.reserve(session_reset_steps.size() + 2);
+    if (!first.empty()) {
+        steps.emplace_back(first);
     }
-    return statement;
+    steps.insert(steps.end(), session_reset_steps.begin(), session_reset_steps.end());
+    if (!restore.empty()) {
+        steps.emplace_back(restore);
+    }
+    return steps;
+}
+
+/// Statements joined into one simple query.
+[[nodiscard]] inline std::string one_query(const std::vector<std::string>& statements) {
+    std::string query;
+    for (const std::string& statement : statements) {
+        query.append(query.empty() ? "" : "; ").append(statement);
+    }
+    return query;
 }
 
 /// Sends `sql` as one simple query and reads every result, calling
@@ -435,6 +467,63 @@ bool run_simple_query(PGconn* connection, const char* sql, OnResult&& on_result)
         PQclear(result);
     }
     return PQstatus(connection) == CONNECTION_OK;
+}
+
+/// Sends `first` (one statement) and a Sync, then each of `rest` (one
+/// statement each) and a Sync, in pipeline mode, without waiting in between,
+/// and reads every answer: on_first(result) for the first statement's
+/// result(s), on_result(index, result) for those of rest[index] (a statement
+/// skipped after an error before it gets a PGRES_PIPELINE_ABORTED result).
+/// The server answers the first part, and sends the answer (a Sync makes it
+/// flush), before it runs `rest`: that answer is on its way before anything
+/// of `rest` happens. True when the connection is still good afterwards,
+/// every answer was read and pipeline mode was left; false when it broke (or
+/// nothing could be sent), in which case some results may be missing.
+/// Needs libpq 14 or later (pipeline mode); any server with the extended
+/// query protocol.
+template <class OnFirst, class OnResult>
+bool run_pipeline(PGconn* connection, const char* first, const std::vector<std::string>& rest, OnFirst&& on_first,
+                  OnResult&& on_result) noexcept {
+    static_assert(noexcept(on_first(std::declval<const PGresult&>())));
+    static_assert(noexcept(on_result(std::size_t{}, std::declval<const PGresult&>())));
+    if (connection == nullptr || PQenterPipelineMode(connection) == 0) {
+        return false;
+    }
+    const auto send = [connection](const char* statement) noexcept {
+        return PQsendQueryParams(connection, statement, 0, nullptr, nullptr, nullptr, nullptr, 0) != 0;
+    };
+    bool sent = send(first) && PQpipelineSync(connection) != 0;
+    for (std::size_t index = 0; sent && index < rest.size(); ++index) {
+        sent = send(rest[index].c_str());
+    }
+    sent = sent && PQpipelineSync(connection) != 0;
+    // The results of one statement, up to the null that ends them; false when
+    // the connection broke or the answers are out of step.
+    const auto read_statement = [connection](auto&& each) noexcept {
+        while (PGresult* result = PQgetResult(connection)) {
+            const bool statement_result = PQresultStatus(result) != PGRES_PIPELINE_SYNC;
+            if (statement_result) {
+                each(*result);
+            }
+            PQclear(result);
+            if (!statement_result) {
+                return false;
+            }
+        }
+        return PQstatus(connection) == CONNECTION_OK;
+    };
+    const auto read_sync = [connection]() noexcept {
+        PGresult* result = PQgetResult(connection);
+        const bool synced = result != nullptr && PQresultStatus(result) == PGRES_PIPELINE_SYNC;
+        PQclear(result);
+        return synced;
+    };
+    bool in_step = read_statement([&](const PGresult& result) noexcept { on_first(result); }) && read_sync();
+    for (std::size_t index = 0; in_step && index < rest.size(); ++index) {
+        in_step = read_statement([&](const PGresult& result) noexcept { on_result(index, result); });
+    }
+    in_step = in_step && read_sync();
+    return sent && in_step && PQexitPipelineMode(connection) != 0 && PQstatus(connection) == CONNECTION_OK;
 }
 
 // --- cancel requests ------------------------------------------------------------

@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -72,36 +73,51 @@ struct transaction_control {
         "has aborted the transaction (SQLSTATE 25P02: current transaction is aborted); COMMIT was not sent, "
         "rollback() ends it";
 
-    pooled_connection* owner = nullptr;      // the leased connection; outlives the transaction
-    std::string begin_statement;             // BEGIN ... [; SET LOCAL ...][; SELECT <xact id>], integers only
-    const connect_target* target = nullptr;  // to read a lost COMMIT's outcome; the lease keeps it alive
-    clock::time_point settle_until{};        // reading that outcome ends by then
+    pooled_connection* owner = nullptr;                     // the leased connection; outlives the transaction
+    std::string begin_statement;                            // BEGIN ... [; SET LOCAL ...], integers only
+    const connect_target* target = nullptr;                 // to read a lost COMMIT's outcome; the lease keeps it alive
+    clock::time_point settle_until{};                       // reading that outcome ends by then
     clock::time_point deadline = clock::time_point::max();  // the call's, or max()
     bool read_only = false;                                 // BEGIN ... READ ONLY: nothing can have been written
-    bool track_txid = false;                                // the BEGIN statement ends with the transaction id query
-    std::int64_t txid = -1;                                 // that id, when tracked
-    bool timeout_from_deadline = false;                     // statement_timeout was set from the call's deadline
-    bool lock_timeout_from_deadline = false;                // lock_timeout was set from the call's deadline
-    bool permitted = false;               // set by pqxx_pool::commit/rollback around their call into libpqxx
-    bool closing = false;                 // the destructor is ending the transaction
-    bool backend_open = false;            // BEGIN ran and no COMMIT/ROLLBACK has ended it
-    bool in_doubt = false;                // the connection was lost during COMMIT
-    bool refused = false;                 // the callback called commit() or abort()
-    bool reset_pending = false;           // a COMMIT failed on the server: its reset did not run
-    std::exception_ptr abort_failure;     // a ROLLBACK that failed inside libpqxx's abort()
-    socket_watchdog* watchdog = nullptr;  // the pool's, when a deadline is armed
-    socket_watchdog::ticket watch = 0;    // the armed entry, or 0
+    bool track_txid = false;                                // COMMIT in pipeline mode after the id question
+    // What that question answered: the id, no_txid (none was assigned:
+    // nothing was written), or txid_unheard (no answer arrived).
+    std::int64_t txid = txid_unheard;
+    static constexpr std::int64_t txid_unheard = -1;
+    static constexpr std::int64_t no_txid = 0;  // ids start at 3
+    bool timeout_from_deadline = false;         // statement_timeout was set from the call's deadline
+    bool lock_timeout_from_deadline = false;    // lock_timeout was set from the call's deadline
+    bool permitted = false;                     // set by pqxx_pool::commit/rollback around their call into libpqxx
+    bool closing = false;                       // the destructor is ending the transaction
+    bool backend_open = false;                  // BEGIN ran and no COMMIT/ROLLBACK has ended it
+    bool in_doubt = false;                      // the connection was lost during COMMIT
+    bool refused = false;                       // the callback called commit() or abort()
+    bool reset_pending = false;                 // a COMMIT failed on the server: its reset did not run
+    std::exception_ptr abort_failure;           // a ROLLBACK that failed inside libpqxx's abort()
+    socket_watchdog* watchdog = nullptr;        // the pool's, when a deadline is armed
+    socket_watchdog::ticket watch = 0;          // the armed entry, or 0
 
     void on_begun() noexcept {
         backend_open = true;
         owner->guard.arm();  // from here on the callback's statements run
     }
-    void on_begin_result(const pqxx::result& answer) {
-        if (track_txid) {
-            txid = answer.at(0).at(0).as<std::int64_t>();
+    void settle_lost_commit(const std::exception& cause);
+    /// The answer to xact_id_if_assigned().
+    void read_txid(const PGresult& result) noexcept {
+        if (PQresultStatus(&result) != PGRES_TUPLES_OK || PQntuples(&result) != 1 || PQnfields(&result) != 1) {
+            return;
+        }
+        if (PQgetisnull(&result, 0, 0) != 0) {
+            txid = no_txid;
+            return;
+        }
+        const char* text = PQgetvalue(&result, 0, 0);
+        char* end = nullptr;
+        const long long id = std::strtoll(text, &end, 10);
+        if (end != text && *end == '\0' && id > no_txid) {
+            txid = id;
         }
     }
-    void settle_lost_commit(const std::exception& cause);
     void on_begin_failed() noexcept {
         owner->discard = true;
         disarm_watchdog();
@@ -219,13 +235,29 @@ inline void transaction_control::on_commit(gate_transaction& /*tx*/) {
     if (in_failed_transaction(handle)) {
         throw pqxx::sql_error(failed_transaction, "COMMIT", "25P02");
     }
-    // COMMIT, then the session reset, in one simple query; each result is
-    // read on its own, so the COMMIT's outcome is never mixed up with the
-    // reset's.
+    // A session the server ended while the callback ran (its backend
+    // terminated, a restart) left its farewell or its close unread, which is
+    // seen without waiting. COMMIT is then not sent and the connection is
+    // closed: nothing can commit, and no lookup is needed to say so.
+    if (session_ending(handle)) {
+        backend_open = false;
+        owner->discard = true;
+        disarm_watchdog();  // before the socket is closed: its number may be reused at once
+        pqxx_compat::close_connection(*owner->connection);
+        throw pqxx::broken_connection(
+            "bulkhead: the server ended the session before COMMIT (COMMIT was not sent and the connection was "
+            "closed, which confirms the transaction was rolled back)");
+    }
+    // COMMIT, then the session reset, in one round trip; each result is read
+    // on its own, so the COMMIT's outcome is never mixed up with the reset's.
+    // With the outcome tracked, the question for the transaction's id goes
+    // first in the same pipeline: the server answers it before it commits.
     first_answer answer;
-    const bool alive =
-        run_simple_query(handle, owner->commit_statement.c_str(),
-                         [&](std::size_t index, const PGresult& result) noexcept { answer.record(index, result); });
+    const auto record = [&](std::size_t index, const PGresult& result) noexcept { answer.record(index, result); };
+    const bool alive = track_txid ? run_pipeline(
+                                        handle, xact_id_if_assigned(owner->server_version), owner->commit_steps,
+                                        [this](const PGresult& result) noexcept { read_txid(result); }, record)
+                                  : run_simple_query(handle, owner->commit_statement.c_str(), record);
     if (!answer.answered || (!answer.succeeded && !alive)) {
         try {
             throw pqxx::broken_connection(std::string(PQerrorMessage(handle)));
@@ -268,6 +300,13 @@ inline void transaction_control::settle_lost_commit(const std::exception& cause)
     }
     if (!track_txid || target == nullptr) {
         std::throw_with_nested(commit_unknown(lost + " (commit outcome tracking is off)"));
+    }
+    if (txid == no_txid) {
+        throw pqxx::broken_connection(lost + " (no transaction id was assigned: nothing was written)");
+    }
+    if (txid == txid_unheard) {
+        std::throw_with_nested(commit_unknown(
+            lost + " (the answer with the transaction's id was lost too, so its outcome cannot be read)"));
     }
     const std::string_view function = xact_status_function(owner->server_version);
     switch (read_commit_status(*target, owner->server_version, txid, settle_until)) {
