@@ -10,7 +10,7 @@
 // typed messages), so that it recognizes a COMMIT: a simple query that
 // starts or ends with COMMIT, or an extended-protocol Parse of "COMMIT" (the
 // pool's commit in pipeline mode), and knows which of the server's answers
-// come before it (one ReadyForQuery per simple query or Sync). When armed
+// come before the COMMIT's own (it counts statement completions). When armed
 // it then either
 //   - drop_after_commit: forwards the COMMIT, relays the server's answers up
 //     to the COMMIT's own, swallows that and closes the client's socket: the
@@ -36,6 +36,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -145,13 +146,13 @@ private:
     struct link {
         int client = -1;
         int upstream = -1;
-        // ReadyForQuery messages the server owes (one per simple query or
-        // Sync forwarded) and those relayed; from the swallow_after-th
-        // relayed one on, the server's answers are eaten and the client cut
-        // off (drop_after_commit, drop_commit_and_id).
-        std::atomic<long> answers_owed{0};
-        std::atomic<long> answers_relayed{0};
-        std::atomic<long> swallow_after{LONG_MAX};
+        // Statement completions (CommandComplete, ErrorResponse,
+        // EmptyQueryResponse) relayed to the client; once swallow_from of
+        // them were, the server's answers are eaten and the client cut off
+        // (drop_after_commit, drop_commit_and_id).
+        std::atomic<long> completions_relayed{0};
+        std::atomic<long> swallow_from{LONG_MAX};
+        long id_answered_at = -1;               // client pump only: completions once the id question is answered
         std::atomic<int> single_bytes_owed{0};  // answers to SSLRequest / GSSENCRequest
         std::atomic<bool> closed{false};
         std::atomic<int>* open = nullptr;
@@ -259,8 +260,6 @@ private:
                     startup = (code == 80877103U || code == 80877104U);
                     if (startup) {
                         ++through.single_bytes_owed;
-                    } else if (code != 80877102U) {  // a StartupMessage (not a CancelRequest): the login ends
-                        ++through.answers_owed;      // with a ReadyForQuery
                     }
                 } else if (message[0] == 'Q' || message[0] == 'P') {
                     if (!on_query(through, message, length)) {
@@ -268,9 +267,6 @@ private:
                     }
                 }
                 wait_while_silent(through);
-                if (message[0] == 'Q' || message[0] == 'S') {
-                    ++through.answers_owed;  // before the server can answer it
-                }
                 if (!send_all(through.upstream, message, total)) {
                     through.close_both();
                     return;
@@ -299,21 +295,27 @@ private:
             text += name;
             size = name < size ? ::strnlen(text, size - name) + 1 : 0;
         }
-        if (message[0] == 'P' && is_id_question(text) && m_armed.load() == cut::drop_commit_and_id &&
-            m_armed.exchange(cut::none) == cut::drop_commit_and_id) {
-            ++m_cuts;
-            through.swallow_after = through.answers_owed.load();  // from this question's answer on
+        if (message[0] == 'P' && is_id_question(text)) {
+            // Everything before it was answered (libpq waits for that): its
+            // answer is the next completion.
+            through.id_answered_at = through.completions_relayed.load() + 1;
+            if (m_armed.load() == cut::drop_commit_and_id && m_armed.exchange(cut::none) == cut::drop_commit_and_id) {
+                ++m_cuts;
+                through.swallow_from = through.id_answered_at - 1;  // from its answer on
+            }
         }
         if (!is_commit(text, size)) {
             return true;
         }
         ++m_commits;
+        // The completions the client hears before the COMMIT's own: all so
+        // far, and the id question's answer when one is on its way.
+        const long before_commit = std::max(through.completions_relayed.load(), through.id_answered_at);
+        through.id_answered_at = -1;
         const cut how = m_armed.load() == cut::drop_commit_and_id ? cut::none : m_armed.exchange(cut::none);
         if (how == cut::drop_before_commit) {
             ++m_cuts;
-            // The server's answers to what went before arrive first (the
-            // transaction id asked in the same pipeline, say).
-            for (int waited = 0; through.answers_relayed < through.answers_owed && waited < 2000; ++waited) {
+            for (int waited = 0; through.completions_relayed < before_commit && waited < 2000; ++waited) {
                 std::this_thread::sleep_for(std::chrono::milliseconds(1));
             }
             through.close_both();
@@ -321,14 +323,14 @@ private:
         }
         if (how == cut::drop_after_commit) {
             ++m_cuts;
-            through.swallow_after = through.answers_owed.load();  // from the COMMIT's answer on
+            through.swallow_from = before_commit;
         }
         return true;
     }
 
-    /// Server to client, message by message, counting ReadyForQuery; from
-    /// the swallow_after-th one on the answers are eaten and the client cut
-    /// off.
+    /// Server to client, message by message, counting statement
+    /// completions; once swallow_from of them were relayed the answers are
+    /// eaten and the client cut off.
     void pump_upstream(link& through) {
         std::vector<char> pending;
         std::vector<char> out;
@@ -357,12 +359,12 @@ private:
                         break;
                     }
                 }
-                if (through.answers_relayed >= through.swallow_after) {
+                if (through.completions_relayed >= through.swallow_from) {
                     swallowing = true;
                     break;
                 }
-                if (total > 1 && pending[at] == 'Z') {
-                    ++through.answers_relayed;
+                if (total > 1 && (pending[at] == 'C' || pending[at] == 'E' || pending[at] == 'I')) {
+                    ++through.completions_relayed;
                 }
                 out.insert(out.end(), pending.begin() + static_cast<std::ptrdiff_t>(at),
                            pending.begin() + static_cast<std::ptrdiff_t>(at + total));

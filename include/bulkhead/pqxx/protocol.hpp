@@ -16,9 +16,10 @@
 // - the session reset that follows the gate's own COMMIT or ROLLBACK in the
 //   same round trip (session_reset_steps): no round trip of its own;
 // - the COMMIT of a transaction whose outcome is tracked, in pipeline mode
-//   after a question for the transaction's id if it has one (run_pipeline):
-//   the id is learned without forcing the server to assign one, and without
-//   a round trip of its own;
+//   after a question for the transaction's id if it has one, whose answer
+//   the server sends before it commits (run_pipeline): the id is learned
+//   without forcing the server to assign one, and without a round trip of
+//   its own;
 // - a cancel request sent from a thread of its own (cancel_request), so the
 //   thread that asks never waits on the network;
 // - the lost-commit lookup: the server's function names by version.
@@ -469,18 +470,17 @@ bool run_simple_query(PGconn* connection, const char* sql, OnResult&& on_result)
     return PQstatus(connection) == CONNECTION_OK;
 }
 
-/// Sends `first` (one statement) and a Sync, then each of `rest` (one
-/// statement each) and a Sync, in pipeline mode, without waiting in between,
-/// and reads every answer: on_first(result) for the first statement's
-/// result(s), on_result(index, result) for those of rest[index] (a statement
-/// skipped after an error before it gets a PGRES_PIPELINE_ABORTED result).
-/// The server answers the first part, and sends the answer (a Sync makes it
-/// flush), before it runs `rest`: that answer is on its way before anything
-/// of `rest` happens. True when the connection is still good afterwards,
-/// every answer was read and pipeline mode was left; false when it broke (or
-/// nothing could be sent), in which case some results may be missing.
-/// Needs libpq 14 or later (pipeline mode); any server with the extended
-/// query protocol.
+/// Sends `first` (one statement), a Flush, each of `rest` (one statement
+/// each) and a Sync, in pipeline mode and in one write, and reads every
+/// answer: on_first(result) for the first statement's result(s),
+/// on_result(index, result) for those of rest[index] (a statement skipped
+/// after an error before it gets a PGRES_PIPELINE_ABORTED result). The
+/// server answers `first` and, told by the Flush, sends that answer before it
+/// runs anything of `rest`. One round trip. True when the connection is still
+/// good afterwards, every answer was read and pipeline mode was left; false
+/// when it broke (or nothing could be sent), in which case some results may
+/// be missing. Needs libpq 14 or later (pipeline mode); any server with the
+/// extended query protocol.
 template <class OnFirst, class OnResult>
 bool run_pipeline(PGconn* connection, const char* first, const std::vector<std::string>& rest, OnFirst&& on_first,
                   OnResult&& on_result) noexcept {
@@ -492,11 +492,11 @@ bool run_pipeline(PGconn* connection, const char* first, const std::vector<std::
     const auto send = [connection](const char* statement) noexcept {
         return PQsendQueryParams(connection, statement, 0, nullptr, nullptr, nullptr, nullptr, 0) != 0;
     };
-    bool sent = send(first) && PQpipelineSync(connection) != 0;
+    bool sent = send(first) && PQsendFlushRequest(connection) != 0;
     for (std::size_t index = 0; sent && index < rest.size(); ++index) {
         sent = send(rest[index].c_str());
     }
-    sent = sent && PQpipelineSync(connection) != 0;
+    sent = sent && PQpipelineSync(connection) != 0;  // sends everything
     // The results of one statement, up to the null that ends them; false when
     // the connection broke or the answers are out of step.
     const auto read_statement = [connection](auto&& each) noexcept {
@@ -512,18 +512,16 @@ bool run_pipeline(PGconn* connection, const char* first, const std::vector<std::
         }
         return PQstatus(connection) == CONNECTION_OK;
     };
-    const auto read_sync = [connection]() noexcept {
-        PGresult* result = PQgetResult(connection);
-        const bool synced = result != nullptr && PQresultStatus(result) == PGRES_PIPELINE_SYNC;
-        PQclear(result);
-        return synced;
-    };
-    bool in_step = read_statement([&](const PGresult& result) noexcept { on_first(result); }) && read_sync();
+    bool in_step = sent && read_statement([&](const PGresult& result) noexcept { on_first(result); });
     for (std::size_t index = 0; in_step && index < rest.size(); ++index) {
         in_step = read_statement([&](const PGresult& result) noexcept { on_result(index, result); });
     }
-    in_step = in_step && read_sync();
-    return sent && in_step && PQexitPipelineMode(connection) != 0 && PQstatus(connection) == CONNECTION_OK;
+    if (in_step) {
+        PGresult* result = PQgetResult(connection);
+        in_step = result != nullptr && PQresultStatus(result) == PGRES_PIPELINE_SYNC;
+        PQclear(result);
+    }
+    return in_step && PQexitPipelineMode(connection) != 0 && PQstatus(connection) == CONNECTION_OK;
 }
 
 // --- cancel requests ------------------------------------------------------------
