@@ -270,6 +270,7 @@ struct gate_settings {
     std::chrono::nanoseconds queue_wait = 50ms;
     std::chrono::nanoseconds deadline = 100ms;  ///< after the intended start; zero: none
     bool read_only = true;                      ///< for workloads that write nothing
+    bool resolve_commit_outcome = true;         ///< the pool's option (read-write only)
     int workers = 256;                          ///< open-loop workers (callers)
     /// Reads the thread's context switches around each call (two system
     /// calls, outside the timed part) to tell a slow rejection from one that
@@ -286,12 +287,18 @@ public:
           m_pool(pool_settings(conninfo, settings.concurrent, 1000ms)),
           m_gate(m_pool, settings.concurrent, settings.extra_slots) {}
 
-    [[nodiscard]] std::string label() const override { return m_settings.read_only ? "gate" : "gate-rw"; }
+    [[nodiscard]] std::string label() const override {
+        if (m_settings.read_only) {
+            return "gate";
+        }
+        return m_settings.resolve_commit_outcome ? "gate-rw" : "gate-rw-untracked";
+    }
     [[nodiscard]] int workers() const override { return m_settings.workers; }
 
     call_result call(int /*worker*/, clock::time_point intended, api which, std::mt19937_64& random) override {
         gate_type::options options{.queue_wait = m_settings.queue_wait,
-                                   .transaction = {.read_only = m_settings.read_only}};
+                                   .transaction = {.read_only = m_settings.read_only,
+                                                   .resolve_commit_outcome = m_settings.resolve_commit_outcome}};
         if (m_settings.deadline > m_settings.deadline.zero()) {
             options.deadline = intended + m_settings.deadline;
         }

@@ -21,7 +21,8 @@
 //      then each arm's SELECT 1 statements sent on a plain connection, to
 //      attribute the server CPU;
 //   2. closed loop, 4 threads, SELECT 1 and the read/write transaction,
-//      repeated and interleaved (raw, gate, gate-nodl, gate-rw, pool), and
+//      repeated and interleaved (raw, gate, gate-nodl, gate-rw,
+//      gate-rw-untracked, pool), and
 //      pool-many with 64 threads: throughput ratios;
 //   3. closed loop on pg_sleep(2 ms): the capacity (the gate arm's throughput);
 //   4. open loop on pg_sleep at 0.5, 0.8, 1, 2, 4 and 8 times capacity, every
@@ -241,7 +242,8 @@ std::unique_ptr<arm> make_arm(const settings& config, const std::string& conninf
         .extra_slots = config.extra_slots,
         .queue_wait = config.queue_wait,
         .deadline = which == "gate-nodl" ? std::chrono::nanoseconds::zero() : std::chrono::nanoseconds(config.deadline),
-        .read_only = which != "gate-rw" && is_read_only(kind),
+        .read_only = which != "gate-rw" && which != "gate-rw-untracked" && is_read_only(kind),
+        .resolve_commit_outcome = which != "gate-rw-untracked",
         .workers = config.many_workers,
         .track_preemption = track_preemption};
     return std::make_unique<gate_arm>(conninfo, kind, gate);
@@ -292,7 +294,7 @@ std::vector<round_trip_row> run_round_trips(const settings& config, server_monit
     const int warm_up = 50;
     const int calls = static_cast<int>(1000 * config.scale);
     const std::vector<std::pair<workload, std::vector<std::string>>> plan = {
-        {workload::select1, {"raw", "gate", "gate-nodl", "gate-rw", "pool"}},
+        {workload::select1, {"raw", "gate", "gate-nodl", "gate-rw", "gate-rw-untracked", "pool"}},
         {workload::read_write, {"raw", "gate", "pool"}},
     };
     // Three interleaved repetitions; the table shows the medians (the counts
@@ -393,7 +395,7 @@ std::vector<statement_row> run_statement_costs(const settings& config) {
         {"gate, deadline, with the SELECT 1 guard before COMMIT (before PQtransactionStatus)",
          {"BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY; SET LOCAL statement_timeout = 99", "SELECT 1",
           "SELECT 1; COMMIT"}},
-        {"gate, read-write (txid for commit outcomes)",
+        {"gate, read-write, the id asked with BEGIN (before the COMMIT pipeline asked it if assigned)",
          {"BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE; SET LOCAL statement_timeout = 99; SELECT txid_current()",
           "SELECT 1", "COMMIT"}},
     };
@@ -900,7 +902,7 @@ int run(const settings& config) {
         // Short runs, many repetitions, arms interleaved: each ratio compares
         // neighbouring runs, which a shared machine's drift affects alike.
         for (int rep = 1; rep <= 5; ++rep) {
-            for (const char* which : {"raw", "gate", "gate-nodl", "gate-rw", "pool"}) {
+            for (const char* which : {"raw", "gate", "gate-nodl", "gate-rw", "gate-rw-untracked", "pool"}) {
                 closed.push_back(run_closed(config, monitor, workload::select1, which, threads, rep, 1.25));
             }
         }
@@ -1152,10 +1154,12 @@ int run(const settings& config) {
         return median(values);
     };
     // Ratios per repetition (neighbouring runs), then the median.
-    const auto ratio_to_raw = [&](workload kind, const std::string& which) {
+    // The median of the throughput ratios of `which` to `baseline` in the
+    // same repetitions (neighbouring runs).
+    const auto ratio_between = [&](workload kind, const std::string& which, const std::string& baseline) {
         std::vector<double> ratios;
         const auto& mine = grouped[{kind, which}];
-        const auto& raw = grouped[{kind, "raw"}];
+        const auto& raw = grouped[{kind, baseline}];
         for (const closed_row* row : mine) {
             for (const closed_row* base : raw) {
                 if (base->rep == row->rep && base->threads == row->threads && base->throughput > 0) {
@@ -1164,6 +1168,9 @@ int run(const settings& config) {
             }
         }
         return median(ratios);
+    };
+    const auto ratio_to_raw = [&](workload kind, const std::string& which) {
+        return ratio_between(kind, which, "raw");
     };
     for (const auto& key : order) {
         const closed_row& first = *grouped[key].front();
@@ -1253,6 +1260,11 @@ int run(const settings& config) {
             format("- Gate + pool vs raw libpqxx on SELECT 1, %d threads each, client and server sharing 2 cores: "
                    "throughput ratio %s (read-only transactions; %s as read-write) against >= 0.98: %s.",
                    threads, number(ratio, 3).c_str(), number(ratio_rw, 3).c_str(), verdict(ratio >= 0.98).c_str()));
+        const double tracking = ratio_between(workload::select1, "gate-rw", "gate-rw-untracked");
+        line(
+            format("- Commit-outcome tracking on a read-write SELECT 1 (no id assigned): gate-rw / gate-rw-untracked "
+                   "throughput %s against >= 0.95: %s.",
+                   number(tracking, 3).c_str(), verdict(tracking >= 0.95).c_str()));
         line(format("- Round trips per call: gate %s, raw %s; server transactions per call: gate %s, raw %s: %s.",
                     number(gate_trips, 2).c_str(), number(raw_trips, 2).c_str(), number(gate_xact, 2).c_str(),
                     number(raw_xact, 2).c_str(),

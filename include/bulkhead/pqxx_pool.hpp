@@ -133,12 +133,16 @@ public:
         /// With a deadline, bound lock waits by the time left as well
         /// (lock_timeout), not only statements.
         bool deadline_sets_lock_timeout = false;
-        /// Read-write transactions learn their transaction id with BEGIN (no
-        /// extra round trip) so that a COMMIT whose connection is lost can be
-        /// settled afterwards with txid_status(): the caller then gets the
-        /// value (it committed), the failure (it was rolled back), or
-        /// bulkhead::commit_unknown. Costs: every read-write transaction gets
-        /// a transaction id, even one that writes nothing.
+        /// Read-write transactions ask for their transaction id, if one was
+        /// assigned, in the COMMIT's own round trip (pipeline mode, the
+        /// question first: the server sends its answer before it commits), so
+        /// that a COMMIT whose connection is lost can be settled afterwards
+        /// with pg_xact_status(): the caller then gets the value (it
+        /// committed), the failure (it was rolled back, or no id was assigned:
+        /// nothing was written), or bulkhead::commit_unknown (the outcome, or
+        /// the id itself, could not be had). Asking assigns no id. Off: COMMIT
+        /// and the reset as one simple query, and a lost COMMIT is
+        /// commit_unknown.
         bool resolve_commit_outcome = true;
     };
 

@@ -486,6 +486,7 @@ private:
                 return outcome::sql_22012;
             }
             if (state == "57014") {
+                detail = failure.what();  // which cancel: the timeout's, or a request's
                 return outcome::sql_57014;
             }
             if (state == "23503") {
@@ -543,7 +544,8 @@ private:
             const std::lock_guard lock(m_counts.examples_mutex);
             if (m_counts.examples.size() < 10) {
                 m_counts.examples.push_back(std::string(choice_names[static_cast<std::size_t>(kind)]) + " -> " +
-                                            std::string(outcome_names[static_cast<std::size_t>(result)]) +
+                                            std::string(outcome_names[static_cast<std::size_t>(result)]) + " after " +
+                                            std::to_string((now_ns() - started) / 1000000) + " ms" +
                                             (detail.empty() ? "" : " (" + bulkhead::redact_conninfo(detail) + ")"));
             }
         }
