@@ -142,7 +142,8 @@ public:
         /// nothing was written), or bulkhead::commit_unknown (the outcome, or
         /// the id itself, could not be had). Asking assigns no id. Off: COMMIT
         /// and the reset as one simple query, and a lost COMMIT is
-        /// commit_unknown.
+        /// commit_unknown; so also with libpq before 14.5 (no usable
+        /// pipeline mode).
         bool resolve_commit_outcome = true;
     };
 
@@ -392,7 +393,7 @@ private:
         control.owner = &connection;
         control.target = &m_core->target();
         control.read_only = options.read_only;
-        control.track_txid = options.resolve_commit_outcome && !options.read_only;
+        control.track_txid = options.resolve_commit_outcome && !options.read_only && detail::pipeline_usable();
         control.deadline = options.deadline;
         const pqxx_pool_options& settings = m_core->options();
         const clock::time_point now = clock::now();

@@ -13,16 +13,16 @@
 // come before the COMMIT's own (it counts statement completions). When armed
 // it then either
 //   - drop_after_commit: forwards the COMMIT, relays the server's answers up
-//     to the COMMIT's own, swallows that and closes the client's socket: the
-//     commit landed, the client never hears of it (it did hear everything
-//     the server answered before, such as the transaction id asked for in
-//     the same pipeline);
+//     to the COMMIT's own, swallows the rest up to the server's next
+//     ReadyForQuery and closes the client's socket: the commit landed, the
+//     client never hears of it (it did hear everything the server answered
+//     before, such as the transaction id asked for in the same pipeline);
 //   - drop_commit_and_id: as drop_after_commit, but from the answer to the
 //     pool's question for the transaction id on (the Parse of
 //     pg_current_xact_id_if_assigned() that goes ahead of the COMMIT): the
 //     commit lands and the client hears neither;
 //   - drop_before_commit: closes both sockets instead of forwarding the
-//     COMMIT, once the server's earlier answers were relayed: the server sees
+//     COMMIT, once the server's earlier answers reached the client's socket: the server sees
 //     the client vanish inside a transaction and aborts it;
 //   - drop_at_next_query: closes both sockets instead of forwarding the next
 //     query, whatever it is (a BEGIN on a connection that looked fine).
@@ -151,6 +151,7 @@ private:
         // them were, the server's answers are eaten and the client cut off
         // (drop_after_commit, drop_commit_and_id).
         std::atomic<long> completions_relayed{0};
+        std::atomic<long> completions_delivered{0};  // of those, handed to the client's socket
         std::atomic<long> swallow_from{LONG_MAX};
         long id_answered_at = -1;               // client pump only: completions once the id question is answered
         std::atomic<int> single_bytes_owed{0};  // answers to SSLRequest / GSSENCRequest
@@ -315,7 +316,7 @@ private:
         const cut how = m_armed.load() == cut::drop_commit_and_id ? cut::none : m_armed.exchange(cut::none);
         if (how == cut::drop_before_commit) {
             ++m_cuts;
-            for (int waited = 0; through.completions_relayed < before_commit && waited < 2000; ++waited) {
+            for (int waited = 0; through.completions_delivered < before_commit && waited < 2000; ++waited) {
                 std::this_thread::sleep_for(std::chrono::milliseconds(1));
             }
             through.close_both();
@@ -330,11 +331,13 @@ private:
 
     /// Server to client, message by message, counting statement
     /// completions; once swallow_from of them were relayed the answers are
-    /// eaten and the client cut off.
+    /// eaten up to the next ReadyForQuery (so what the client sent has run
+    /// on the server), and the client is cut off.
     void pump_upstream(link& through) {
         std::vector<char> pending;
         std::vector<char> out;
         char buffer[65536];
+        bool swallowing = false;  // from here on nothing reaches the client
         for (;;) {
             const ssize_t got = ::recv(through.upstream, buffer, sizeof buffer, 0);
             if (got <= 0) {
@@ -342,8 +345,9 @@ private:
             }
             pending.insert(pending.end(), buffer, buffer + got);
             std::size_t at = 0;
-            bool swallowing = false;
-            for (;;) {
+            long completions = 0;
+            bool finished = false;  // swallowed up to a ReadyForQuery: what was sent has run
+            while (!finished) {
                 std::size_t total = 0;
                 if (through.single_bytes_owed > 0 && pending.size() - at >= 1) {
                     --through.single_bytes_owed;
@@ -359,15 +363,18 @@ private:
                         break;
                     }
                 }
-                if (through.completions_relayed >= through.swallow_from) {
-                    swallowing = true;
-                    break;
+                const char type = total > 1 ? pending[at] : '\0';
+                swallowing = swallowing || through.completions_relayed >= through.swallow_from;
+                if (swallowing) {
+                    finished = type == 'Z';  // the server is done with the client's last query or Sync
+                } else {
+                    if (type == 'C' || type == 'E' || type == 'I') {
+                        ++through.completions_relayed;
+                        ++completions;
+                    }
+                    out.insert(out.end(), pending.begin() + static_cast<std::ptrdiff_t>(at),
+                               pending.begin() + static_cast<std::ptrdiff_t>(at + total));
                 }
-                if (total > 1 && (pending[at] == 'C' || pending[at] == 'E' || pending[at] == 'I')) {
-                    ++through.completions_relayed;
-                }
-                out.insert(out.end(), pending.begin() + static_cast<std::ptrdiff_t>(at),
-                           pending.begin() + static_cast<std::ptrdiff_t>(at + total));
                 at += total;
             }
             pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(at));
@@ -375,8 +382,9 @@ private:
             if (!out.empty() && !send_all(through.client, out.data(), out.size())) {
                 break;
             }
+            through.completions_delivered += completions;
             out.clear();
-            if (swallowing) {
+            if (finished) {
                 break;
             }
         }

@@ -128,6 +128,7 @@ public:
           m_secrets(collect_secrets(m_options.conninfo)),
           m_watchdog(m_options.max_size) {
         m_idle.reserve(m_options.max_size);
+        initialize_libpq_crypto();  // before any thread of detached_threads: see there
     }
 
     pool_core(const pool_core&) = delete;
@@ -504,7 +505,7 @@ private:
     /// latest: libpq's connect timeout (the pool's, or connection_timeout
     /// when the conninfo or PGCONNECT_TIMEOUT sets libpq's own), a second
     /// more (libpq before 17 counts it from a time() in whole seconds, so
-    /// 2 s may last almost 3), and a second for what follows the connect.
+    /// 2 s may last from just over 1 to almost 3), and a second for what follows the connect.
     /// How long an exit waits for it.
     [[nodiscard]] clock::time_point attempt_end(clock::time_point until) const noexcept {
         const auto now = clock::now();

@@ -164,6 +164,27 @@ inline bool wait_readable(int socket, std::chrono::steady_clock::time_point dead
     return connection == nullptr || PQstatus(connection) == CONNECTION_BAD || has_unread_input(connection);
 }
 
+/// Makes libpq initialize its crypto library now, on this thread, once per
+/// process. libpq uses OpenSSL's libcrypto for SCRAM and TLS, and OpenSSL
+/// registers its exit-time cleanup (std::atexit) when it is first
+/// initialized. Exit handlers run in reverse order of registration, so that
+/// cleanup must be registered before detached_threads registers its exit
+/// hook: then the hook waits for the threads that may still be inside
+/// OpenSSL before OpenSSL frees its locks. Without this, the first
+/// connection of a process, made on a detached thread, registered it after
+/// the hook (ThreadSanitizer reported the exit freeing a lock that thread had
+/// used). Computes one MD5 password hash (a libpq call that needs no
+/// connection and initializes the library); without OpenSSL in libpq it
+/// does nothing else.
+inline void initialize_libpq_crypto() noexcept {
+    static const bool done = [] {
+        char* hashed = PQencryptPassword("bulkhead", "bulkhead");
+        PQfreemem(hashed);
+        return true;
+    }();
+    (void)done;
+}
+
 /// A libpq connection of the pool's own, for short lookups: PQfinish on
 /// destruction.
 class owned_pgconn {
@@ -479,8 +500,9 @@ bool run_simple_query(PGconn* connection, const char* sql, OnResult&& on_result)
 /// runs anything of `rest`. One round trip. True when the connection is still
 /// good afterwards, every answer was read and pipeline mode was left; false
 /// when it broke (or nothing could be sent), in which case some results may
-/// be missing. Needs libpq 14 or later (pipeline mode); any server with the
-/// extended query protocol.
+/// be missing. Needs libpq 14.5 or later (pipeline_usable()); any server
+/// with the extended query protocol.
+#if defined(LIBPQ_HAS_PIPELINING)
 template <class OnFirst, class OnResult>
 bool run_pipeline(PGconn* connection, const char* first, const std::vector<std::string>& rest, OnFirst&& on_first,
                   OnResult&& on_result) noexcept {
@@ -522,6 +544,19 @@ bool run_pipeline(PGconn* connection, const char* first, const std::vector<std::
         PQclear(result);
     }
     return in_step && PQexitPipelineMode(connection) != 0 && PQstatus(connection) == CONNECTION_OK;
+}
+#endif
+
+/// Whether the COMMIT can go in pipeline mode (run_pipeline): libpq 14.5 or
+/// later (from 14.0 to 14.4 libpq could lose the end of a statement's
+/// results in pipeline mode). Read once.
+[[nodiscard]] inline bool pipeline_usable() noexcept {
+#if defined(LIBPQ_HAS_PIPELINING)
+    static const bool usable = PQlibVersion() >= 140005;
+    return usable;
+#else
+    return false;
+#endif
 }
 
 // --- cancel requests ------------------------------------------------------------

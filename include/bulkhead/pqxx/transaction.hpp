@@ -197,6 +197,7 @@ struct first_answer {
     bool rest_failed = false;  // a statement after it (the reset) failed
     std::string message;       // the first statement's error, when it failed
     std::string sqlstate;      // and its SQLSTATE
+    bool from_server = false;  // that error came from the server (libpq's own carry no severity field)
 
     void record(std::size_t index, const PGresult& result) noexcept {
         const ExecStatusType status = PQresultStatus(&result);
@@ -212,6 +213,7 @@ struct first_answer {
                 message = PQresultErrorMessage(&result);
                 const char* state = PQresultErrorField(&result, PG_DIAG_SQLSTATE);
                 sqlstate = state != nullptr ? state : "";
+                from_server = PQresultErrorField(&result, PG_DIAG_SEVERITY_NONLOCALIZED) != nullptr;
             } catch (...) {  // out of memory: the failure is still recorded
             }
         }
@@ -245,8 +247,8 @@ inline void transaction_control::on_commit(gate_transaction& /*tx*/) {
         disarm_watchdog();  // before the socket is closed: its number may be reused at once
         pqxx_compat::close_connection(*owner->connection);
         throw pqxx::broken_connection(
-            "bulkhead: the server ended the session before COMMIT (COMMIT was not sent and the connection was "
-            "closed, which confirms the transaction was rolled back)");
+            "bulkhead: the server ended the session before COMMIT, or sent something nobody asked for (COMMIT was "
+            "not sent and the connection was closed, which confirms the transaction was rolled back)");
     }
     // COMMIT, then the session reset, in one round trip; each result is read
     // on its own, so the COMMIT's outcome is never mixed up with the reset's.
@@ -254,10 +256,41 @@ inline void transaction_control::on_commit(gate_transaction& /*tx*/) {
     // first in the same pipeline: the server answers it before it commits.
     first_answer answer;
     const auto record = [&](std::size_t index, const PGresult& result) noexcept { answer.record(index, result); };
-    const bool alive = track_txid ? run_pipeline(
-                                        handle, xact_id_if_assigned(owner->server_version), owner->commit_steps,
-                                        [this](const PGresult& result) noexcept { read_txid(result); }, record)
-                                  : run_simple_query(handle, owner->commit_statement.c_str(), record);
+    first_answer question;  // the id question's, when tracked
+    bool alive = false;
+#if defined(LIBPQ_HAS_PIPELINING)
+    if (track_txid) {
+        alive = run_pipeline(
+            handle, xact_id_if_assigned(owner->server_version), owner->commit_steps,
+            [&](const PGresult& result) noexcept {
+                question.record(0, result);
+                read_txid(result);
+            },
+            record);
+    } else
+#endif
+    {
+        alive = run_simple_query(handle, owner->commit_statement.c_str(), record);
+    }
+    if (question.answered && !question.succeeded && question.from_server) {
+        // The server failed the question (a cancel or a timeout that hit it,
+        // its farewell): it skipped everything up to the Sync, the COMMIT
+        // included, so nothing was committed.
+        const std::string why = "bulkhead: COMMIT was not run: the server failed the question sent ahead of it (" +
+                                one_line(question.message) + ") and skipped the rest";
+        if (!alive) {
+            backend_open = false;
+            owner->discard = true;
+            disarm_watchdog();
+            pqxx_compat::close_connection(*owner->connection);
+            throw pqxx::broken_connection(why +
+                                          ", then the connection was lost (which confirms the transaction was rolled "
+                                          "back)");
+        }
+        backend_open = inside_transaction_block(handle);  // the server holds the failed transaction
+        reset_pending = true;
+        throw_sql_error(why, "COMMIT", question.sqlstate);
+    }
     if (!answer.answered || (!answer.succeeded && !alive)) {
         try {
             throw pqxx::broken_connection(std::string(PQerrorMessage(handle)));
@@ -302,7 +335,9 @@ inline void transaction_control::settle_lost_commit(const std::exception& cause)
         std::throw_with_nested(commit_unknown(lost + " (commit outcome tracking is off)"));
     }
     if (txid == no_txid) {
-        throw pqxx::broken_connection(lost + " (no transaction id was assigned: nothing was written)");
+        throw pqxx::broken_connection(lost +
+                                      " (no transaction id was assigned before COMMIT: no row was written; a NOTIFY "
+                                      "of it, which gets an id at COMMIT, may have been delivered)");
     }
     if (txid == txid_unheard) {
         std::throw_with_nested(commit_unknown(
