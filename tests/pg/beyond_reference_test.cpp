@@ -291,12 +291,10 @@ TEST_CASE("no transaction id is forced: read-write work that only reads gets non
     bulkhead::pqxx_pool proxied(proxied_options(proxy, "bulkhead-commit-txid-lost"));
     gate_t proxied_gate(proxied, 1, 0);
     proxy.arm(tcp_proxy::cut::drop_after_commit);
-    try {
-        proxied_gate.transaction(1s, [](pqxx::dbtransaction& tx) { (void)exec_one_row(tx, "SELECT 1"); });
-        FAIL("no exception");
-    } catch (const pqxx::broken_connection& lost) {
-        CHECK_THAT(lost.what(), Catch::Matchers::ContainsSubstring("no transaction id was assigned"));
-    }
+    CHECK_THAT(message_of<pqxx::broken_connection>([&] {
+                   proxied_gate.transaction(1s, [](pqxx::dbtransaction& tx) { (void)exec_one_row(tx, "SELECT 1"); });
+               }),
+               Catch::Matchers::ContainsSubstring("no transaction id was assigned"));
     CHECK(proxy.cuts() == 1);
 }
 
@@ -307,13 +305,12 @@ TEST_CASE("a COMMIT whose answer is lost together with the transaction id's is c
     bulkhead::pqxx_pool pool(proxied_options(proxy, "bulkhead-commit-id-lost"));
     gate_t gate(pool, 1, 0);
     proxy.arm(tcp_proxy::cut::drop_commit_and_id);
-    try {
-        gate.transaction(
-            1s, [&](pqxx::dbtransaction& tx) { exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)"); });
-        FAIL("no exception");
-    } catch (const bulkhead::commit_unknown& unknown) {
-        CHECK_THAT(unknown.what(), Catch::Matchers::ContainsSubstring("transaction's id was lost too"));
-    }
+    CHECK_THAT(message_of<bulkhead::commit_unknown>([&] {
+                   gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
+                       exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
+                   });
+               }),
+               Catch::Matchers::ContainsSubstring("transaction's id was lost too"));
     CHECK(proxy.cuts() == 1);
     CHECK(table.rows() == 1);  // it did commit: "unknown" is not "failed"
     CHECK(gate.available() == 1);
