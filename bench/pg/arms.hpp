@@ -46,8 +46,14 @@ using namespace std::chrono_literals;
 /// their backends to exit before it reads the server's counters).
 inline constexpr const char* bench_application_name = "bulkhead_bench";
 
-/// Rows of the read/write workload's table.
+/// Rows of the read/write workload's table (and the tpcb workload's accounts).
 inline constexpr int account_rows = 10000;
+/// Branches and tellers of the tpcb workload. pgbench at scale 1 has one
+/// branch, whose row every transaction updates: four clients then queue on
+/// one row lock. Eight spread that out, so the comparison measures the
+/// client and the protocol rather than one lock.
+inline constexpr int branch_rows = 8;
+inline constexpr int teller_rows = 80;
 
 // ---------------------------------------------------------------------------
 // Workloads
@@ -57,6 +63,7 @@ enum class workload : std::uint8_t {
     select1,     ///< SELECT 1 in a transaction
     read_write,  ///< UPDATE one random row of a 10k-row table, SELECT another
     sleep,       ///< SELECT pg_sleep(0.002): the database is the bottleneck
+    tpcb,        ///< pgbench's TPC-B-like transaction: three UPDATEs, a SELECT, an INSERT
 };
 
 [[nodiscard]] constexpr std::string_view name(workload kind) noexcept {
@@ -67,12 +74,16 @@ enum class workload : std::uint8_t {
             return "read_write";
         case workload::sleep:
             return "sleep";
+        case workload::tpcb:
+            return "tpcb";
     }
     return "?";
 }
 
 /// Whether the gate may run the workload READ ONLY.
-[[nodiscard]] constexpr bool is_read_only(workload kind) noexcept { return kind != workload::read_write; }
+[[nodiscard]] constexpr bool is_read_only(workload kind) noexcept {
+    return kind != workload::read_write && kind != workload::tpcb;
+}
 
 /// Creates (again) and fills the read/write workload's table.
 inline void prepare_database(const std::string& conninfo) {
@@ -83,10 +94,21 @@ inline void prepare_database(const std::string& conninfo) {
         tx.exec("CREATE TABLE bench_accounts (id integer PRIMARY KEY, balance bigint NOT NULL)");
         tx.exec("INSERT INTO bench_accounts SELECT g, 0 FROM generate_series(1, " + std::to_string(account_rows) +
                 ") AS g");
+        tx.exec("DROP TABLE IF EXISTS bench_branches, bench_tellers, bench_history");
+        tx.exec("CREATE TABLE bench_branches (id integer PRIMARY KEY, balance bigint NOT NULL)");
+        tx.exec(
+            "CREATE TABLE bench_tellers (id integer PRIMARY KEY, branch integer NOT NULL, balance bigint NOT NULL)");
+        tx.exec(
+            "CREATE TABLE bench_history (teller integer, branch integer, account integer, delta integer, at "
+            "timestamp)");
+        tx.exec("INSERT INTO bench_branches SELECT g, 0 FROM generate_series(1, " + std::to_string(branch_rows) +
+                ") AS g");
+        tx.exec("INSERT INTO bench_tellers SELECT g, 1 + g % " + std::to_string(branch_rows) +
+                ", 0 FROM generate_series(1, " + std::to_string(teller_rows) + ") AS g");
         tx.commit();
     }
     pqxx::nontransaction tx(connection);
-    tx.exec("VACUUM ANALYZE bench_accounts");
+    tx.exec("VACUUM ANALYZE bench_accounts, bench_branches, bench_tellers, bench_history");
 }
 
 /// Runs one call's statements in `tx`; returns a value read from the server.
@@ -103,6 +125,22 @@ inline long run_statements(pqxx::transaction_base& tx, workload kind, std::mt199
         case workload::sleep:
             (void)tx.exec("SELECT pg_sleep(0.002)");
             return 0;
+        case workload::tpcb: {
+            // pgbench's built-in script, with its random draws.
+            const int account = std::uniform_int_distribution<int>(1, account_rows)(random);
+            const int teller = std::uniform_int_distribution<int>(1, teller_rows)(random);
+            const int branch = 1 + teller % branch_rows;
+            const int delta = std::uniform_int_distribution<int>(-5000, 5000)(random);
+            const std::string by = std::to_string(delta);
+            tx.exec("UPDATE bench_accounts SET balance = balance + " + by + " WHERE id = " + std::to_string(account));
+            const long balance =
+                tx.exec("SELECT balance FROM bench_accounts WHERE id = " + std::to_string(account))[0][0].as<long>();
+            tx.exec("UPDATE bench_tellers SET balance = balance + " + by + " WHERE id = " + std::to_string(teller));
+            tx.exec("UPDATE bench_branches SET balance = balance + " + by + " WHERE id = " + std::to_string(branch));
+            tx.exec("INSERT INTO bench_history VALUES (" + std::to_string(teller) + ", " + std::to_string(branch) +
+                    ", " + std::to_string(account) + ", " + by + ", CURRENT_TIMESTAMP)");
+            return balance;
+        }
     }
     return 0;
 }
@@ -265,8 +303,9 @@ private:
 
 /// Settings of the gate arm.
 struct gate_settings {
-    int concurrent = 4;   ///< B, and the pool's size
-    int extra_slots = 4;  ///< Q
+    std::string name = "gate";  ///< the arm's name in tables and CSV
+    int concurrent = 4;         ///< B, and the pool's size
+    int extra_slots = 4;        ///< Q
     std::chrono::nanoseconds queue_wait = 50ms;
     std::chrono::nanoseconds deadline = 100ms;  ///< after the intended start; zero: none
     bool read_only = true;                      ///< for workloads that write nothing
@@ -287,12 +326,7 @@ public:
           m_pool(pool_settings(conninfo, settings.concurrent, 1000ms)),
           m_gate(m_pool, settings.concurrent, settings.extra_slots) {}
 
-    [[nodiscard]] std::string label() const override {
-        if (m_settings.read_only) {
-            return "gate";
-        }
-        return m_settings.resolve_commit_outcome ? "gate-rw" : "gate-rw-untracked";
-    }
+    [[nodiscard]] std::string label() const override { return m_settings.name; }
     [[nodiscard]] int workers() const override { return m_settings.workers; }
 
     call_result call(int /*worker*/, clock::time_point intended, api which, std::mt19937_64& random) override {

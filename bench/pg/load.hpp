@@ -101,7 +101,7 @@ struct phase {
 /// `threads` threads call `target` back to back for `duration`. Calls that end
 /// after the window are recorded but do not count as completed in it.
 [[nodiscard]] inline run_records run_closed_loop(arm& target, int threads, std::chrono::nanoseconds duration,
-                                                 std::uint64_t seed) {
+                                                 std::uint64_t seed, api which = api::try_api) {
     std::vector<std::vector<record>> per_thread(static_cast<std::size_t>(threads));
     std::latch ready(threads + 1);
     std::atomic<bool> stop{false};
@@ -120,13 +120,16 @@ struct phase {
             }
             while (!stop.load(std::memory_order_relaxed)) {
                 const clock::time_point began = clock::now();
-                const call_result result = target.call(index, began, api::try_api, random);
+                const call_result result = target.call(index, began, which, random);
                 out.push_back({.intended_ns = nanoseconds_between(start, began),
                                .latency_ns = nanoseconds_between(began, result.ended),
                                .call_ns = nanoseconds_between(result.began, result.ended),
                                .pickup_ns = 0,
                                .began_ns = nanoseconds_between(start, result.began),
-                               .what = result.what});
+                               .what = result.what,
+                               .which = which,
+                               .preempted = result.preempted,
+                               .blocked = result.blocked});
             }
         });
     }

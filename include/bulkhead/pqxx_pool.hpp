@@ -413,7 +413,7 @@ private:
         }
         if (control.watchdog != nullptr) {  // last: nothing but the transaction's construction may throw after it
             control.watch = control.watchdog->arm(
-                PQsocket(connection.handle),
+                connection.watch_socket,
                 options.deadline + std::chrono::duration_cast<clock::duration>(settings.deadline_slack),
                 connection.cut_by_watchdog);
         }

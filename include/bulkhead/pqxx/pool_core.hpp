@@ -538,6 +538,7 @@ private:
             record->backend_pid = record->connection->backendpid();
             record->server_version = PQserverVersion(record->handle);
             record->cancel = std::make_shared<cancel_request>(record->handle);
+            record->watch_socket.watch(PQsocket(record->handle));
             std::string restore;
             if (m_options.on_connect && m_options.reset_session) {
                 pqxx::nontransaction read(*record->connection);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <bulkhead/pqxx/protocol.hpp>
+#include <bulkhead/pqxx/watchdog.hpp>
 
 #include <libpq-fe.h>
 #include <pqxx/pqxx>
@@ -54,6 +55,9 @@ struct pooled_connection {
     // Set by the deadline watchdog, from its own thread, when it cut this
     // connection off; read by the lease's thread after its statement failed.
     std::atomic<bool> cut_by_watchdog{false};
+    // The descriptor the watchdog shuts the socket down through, made when
+    // the connection was opened; closed with it.
+    watched_socket watch_socket;
 };
 
 }  // namespace bulkhead::detail

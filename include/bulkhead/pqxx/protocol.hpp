@@ -4,8 +4,7 @@
 // reads back, written against libpq alone so that another pool (raw libpq,
 // an asynchronous one) can reuse it:
 // - the BEGIN statement: isolation level and access mode spelled out, SET
-//   LOCAL for the timeouts, and the transaction id when lost-commit
-//   resolution is on, in one simple query (one round trip);
+//   LOCAL for the timeouts, in one simple query (one round trip);
 // - status checks from libpq's record of the server's last ReadyForQuery
 //   (PQtransactionStatus): no round trip;
 // - the guard on the callback's statements: a libpq event procedure sees
@@ -342,14 +341,6 @@ std::string begin_statement(const Options& options) {
     set_local("lock_timeout", options.lock_timeout);
     return statement;
 }
-
-/// One round trip: true when the connection answers and its session is
-/// outside any transaction block. The query starts a transaction of its own
-/// exactly when none is open, and then its transaction and statement start
-/// times are the same value. The wait for the answer to start arriving is
-/// bounded by `deadline` (a server that is gone, stopped or cut off by the
-/// network); on a timeout the connection is closed, since the answer may still
-/// come and nobody may read it. libpqxx offers no non-blocking way to finish
 
 // --- the guard on the callback's statements ---------------------------------
 

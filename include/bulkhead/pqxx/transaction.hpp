@@ -177,6 +177,15 @@ struct transaction_control {
         }
     }
 
+    /// Closes the session, whose transaction the server then rolls back if
+    /// it still holds it; the connection is discarded.
+    void close_session() noexcept {
+        backend_open = false;
+        owner->discard = true;
+        disarm_watchdog();  // first: the entry must not outlive what it watches
+        pqxx_compat::close_connection(*owner->connection);
+    }
+
     /// pqxx_pool::commit and pqxx_pool::rollback.
     static void commit(gate_transaction& tx);
     static void rollback(gate_transaction& tx);
@@ -242,10 +251,7 @@ inline void transaction_control::on_commit(gate_transaction& /*tx*/) {
     // seen without waiting. COMMIT is then not sent and the connection is
     // closed: nothing can commit, and no lookup is needed to say so.
     if (session_ending(handle)) {
-        backend_open = false;
-        owner->discard = true;
-        disarm_watchdog();  // before the socket is closed: its number may be reused at once
-        pqxx_compat::close_connection(*owner->connection);
+        close_session();
         throw pqxx::broken_connection(
             "bulkhead: the server ended the session before COMMIT, or sent something nobody asked for (COMMIT was "
             "not sent and the connection was closed, which confirms the transaction was rolled back)");
@@ -279,10 +285,7 @@ inline void transaction_control::on_commit(gate_transaction& /*tx*/) {
         const std::string why = "bulkhead: COMMIT was not run: the server failed the question sent ahead of it (" +
                                 one_line(question.message) + ") and skipped the rest";
         if (!alive) {
-            backend_open = false;
-            owner->discard = true;
-            disarm_watchdog();
-            pqxx_compat::close_connection(*owner->connection);
+            close_session();
             throw pqxx::broken_connection(why +
                                           ", then the connection was lost (which confirms the transaction was rolled "
                                           "back)");
@@ -323,10 +326,7 @@ inline void transaction_control::on_commit(gate_transaction& /*tx*/) {
 /// max_size connections to the server.
 inline void transaction_control::settle_lost_commit(const std::exception& cause) {
     in_doubt = true;
-    backend_open = false;  // the session is gone, and the transaction with it
-    owner->discard = true;
-    disarm_watchdog();  // before the socket is closed: its number may be reused at once
-    pqxx_compat::close_connection(*owner->connection);
+    close_session();  // the session is gone, and the transaction with it
     const std::string lost = std::string("bulkhead: the connection was lost during COMMIT: ") + one_line(cause.what());
     if (read_only) {
         throw pqxx::broken_connection(lost + " (a read-only transaction: nothing was written)");

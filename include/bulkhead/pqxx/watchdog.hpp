@@ -10,15 +10,20 @@
 // connection. The connection is then discarded, never reused.
 //
 // Guarantees.
-// - Only the socket it was armed for is ever shut down. arm() keeps a
-//   duplicate of the socket's descriptor (dup) until the entry is disarmed or
-//   fires; libpq may close its own descriptor meanwhile (a connection it finds
-//   lost), but the socket, and the duplicate's number, stay reserved, so a
-//   number reused by another connection is never touched. Shutting the
-//   duplicate down shuts the shared socket down.
+// - Only the socket it was armed for is ever shut down. The watchdog shuts a
+//   socket down through a watched_socket, a duplicate of its descriptor (dup)
+//   that the pooled connection owns from the time it is opened until it is
+//   destroyed, which is after every entry armed for it was disarmed. libpq may
+//   close its own descriptor meanwhile (a connection it finds lost), but the
+//   socket, and the duplicate's number, stay reserved, so a number reused by
+//   another connection is never touched. Shutting the duplicate down shuts
+//   the shared socket down.
 // - One thread per watchdog (per pool), started on the first arm(); arm()
-//   and disarm() never allocate once the entries' capacity (the pool's
-//   max_size) is reserved, and never block on the network.
+//   and disarm() make no system call but the wake of that thread when the
+//   new entry is the earliest, never allocate once the entries' capacity (the
+//   pool's max_size) is reserved, and never block on the network. (A dup per
+//   arm() and a close per disarm(), under the mutex, cost the closed loop
+//   about a fifth of its throughput on two cores: docs/performance.md.)
 //
 // Thread safety: all members may be called concurrently. What the firing
 // thread did (the shutdown, `fired = true`) happens-before a reader of
@@ -45,6 +50,44 @@
 
 namespace bulkhead::detail {
 
+/// A duplicate of a connection's socket descriptor, for the watchdog; owned by
+/// the connection from its opening to its destruction. Invalid (-1) when no
+/// descriptor was left: calls on that connection then go without a watchdog.
+class watched_socket {
+public:
+    watched_socket() noexcept = default;
+    watched_socket(const watched_socket&) = delete;
+    watched_socket& operator=(const watched_socket&) = delete;
+    ~watched_socket() {
+        if (m_descriptor >= 0) {
+#if !defined(_WIN32)
+            (void)::close(m_descriptor);
+#endif
+        }
+    }
+
+    /// Duplicates `socket` (once: a second call keeps the first duplicate).
+    void watch(int socket) noexcept {
+        if (m_descriptor < 0) {
+            m_descriptor = duplicate(socket);
+        }
+    }
+
+    /// The duplicate's number, or -1.
+    [[nodiscard]] int get() const noexcept { return m_descriptor; }
+
+private:
+    static int duplicate(int socket) noexcept {
+#if defined(_WIN32)
+        return socket;  // no dup for Windows sockets: the pool disarms before it closes one
+#else
+        return socket < 0 ? -1 : ::fcntl(socket, F_DUPFD_CLOEXEC, 0);
+#endif
+    }
+
+    int m_descriptor = -1;
+};
+
 class socket_watchdog {
 public:
     using clock = std::chrono::steady_clock;
@@ -68,31 +111,20 @@ public:
     }
 
     /// Shuts `socket` down at `at` unless disarmed first, and then sets
-    /// `*fired` (which must outlive the entry).
+    /// `*fired`. Both must outlive the entry (disarm it before they go).
     /// \throws std::system_error when the watchdog's thread cannot be started;
     ///         std::bad_alloc beyond the reserved capacity.
-    [[nodiscard]] ticket arm(int socket, clock::time_point at, std::atomic<bool>& fired) {
+    [[nodiscard]] ticket arm(const watched_socket& socket, clock::time_point at, std::atomic<bool>& fired) {
         fired.store(false, std::memory_order_relaxed);
-        const int own = duplicate(socket);
-        if (own < 0) {
-            return 0;  // no descriptor left: this call goes without a watchdog
+        if (socket.get() < 0) {
+            return 0;  // no descriptor was left: this call goes without a watchdog
         }
         std::unique_lock lock(m_mutex);
         if (!m_thread.joinable()) {
-            try {
-                m_thread = std::thread([this] { run(); });
-            } catch (...) {
-                close_descriptor(own);
-                throw;
-            }
+            m_thread = std::thread([this] { run(); });
         }
         const ticket id = ++m_last_ticket;
-        try {
-            m_entries.push_back(entry{id, own, at, &fired});
-        } catch (...) {
-            close_descriptor(own);
-            throw;
-        }
+        m_entries.push_back(entry{id, socket.get(), at, &fired});
         const bool earliest = at < m_next_wake;
         lock.unlock();
         if (earliest) {
@@ -110,7 +142,6 @@ public:
         const auto found =
             std::find_if(m_entries.begin(), m_entries.end(), [&](const entry& each) { return each.id == id; });
         if (found != m_entries.end()) {
-            close_descriptor(found->socket);
             *found = m_entries.back();
             m_entries.pop_back();
         }
@@ -119,7 +150,7 @@ public:
 private:
     struct entry {
         ticket id;
-        int socket;
+        int socket;  // a watched_socket's descriptor
         clock::time_point at;
         std::atomic<bool>* fired;
     };
@@ -135,8 +166,7 @@ private:
                     // Marked before the shutdown: the waiting thread wakes
                     // from it and must then see why.
                     each.fired->store(true, std::memory_order_release);
-                    shut_down(each.socket);
-                    close_descriptor(each.socket);
+                    shut_down(each.socket);  // under the mutex: disarm() waits, and the descriptor stays open
                     each = m_entries.back();
                     m_entries.pop_back();
                     continue;
@@ -150,23 +180,6 @@ private:
                 m_wake.wait_until(lock, m_next_wake);
             }
         }
-    }
-
-    /// A descriptor of the watchdog's own for `socket`, or -1.
-    static int duplicate(int socket) noexcept {
-#if defined(_WIN32)
-        return socket;  // no dup for Windows sockets: the pool disarms before it closes one
-#else
-        return socket < 0 ? -1 : ::fcntl(socket, F_DUPFD_CLOEXEC, 0);
-#endif
-    }
-
-    static void close_descriptor(int socket) noexcept {
-#if defined(_WIN32)
-        (void)socket;
-#else
-        (void)::close(socket);
-#endif
     }
 
     static void shut_down(int socket) noexcept {
