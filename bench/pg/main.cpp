@@ -9,8 +9,9 @@
 // (default bench/results/pg-<UTC time>); the summary tables also go to stdout,
 // progress to stderr. --quick shortens every run (for trying the harness, not
 // for figures). --only runs some parts of the plan, a comma-separated list of
-// roundtrips, closed, open, probe, spike, cpu. The whole plan takes about four
-// minutes. It drops and recreates a table bench_accounts in the database.
+// roundtrips, closed, open, probe, storm, spike, cpu. The whole plan takes
+// about five minutes. It drops and recreates the tables bench_accounts,
+// bench_branches, bench_tellers and bench_history in the database.
 // --profile runs CALLS SELECT 1 calls of one arm on one connection, for a
 // profiler.
 //
@@ -20,16 +21,18 @@
 //      (pg_stat_database.xact_commit) and client and server CPU per call;
 //      then each arm's SELECT 1 statements sent on a plain connection, to
 //      attribute the server CPU;
-//   2. closed loop, 4 threads, SELECT 1 and the read/write transaction,
-//      repeated and interleaved (raw, gate, gate-nodl, gate-rw,
-//      gate-rw-untracked, pool), and
-//      pool-many with 64 threads: throughput ratios;
-//   3. closed loop on pg_sleep(2 ms): the capacity (the gate arm's throughput);
+//   2. closed loop, 4 threads, SELECT 1, the read/write transaction, tpcb
+//      and pg_sleep(2 ms), repeated and interleaved (raw, the gate's
+//      variants, pool), and pool-many with 64 threads: throughput ratios and
+//      the harness's CPU per call;
+//   3. the capacity: the gate arm's closed-loop throughput on pg_sleep;
 //   4. open loop on pg_sleep at 0.5, 0.8, 1, 2, 4 and 8 times capacity, every
 //      arm; the gate at 4x once more with the two-thread rejection probe;
 //   5. a spike: 0.5x for 3 s, 4x for 10 s, 0.5x for 5 s (gate and pool-many);
 //   6. open loop on SELECT 1 (0.5x and 1x) and read/write (1x and 4x), at
-//      their own capacity (gate and pool-many).
+//      their own capacity (gate and pool-many);
+//   7. (storm) a retry storm: 200 callers, B = Q = 8, pg_sleep, calling
+//      again at once after a rejection, each entry point.
 #include "arms.hpp"
 #include "conninfo.hpp"
 #include "load.hpp"
