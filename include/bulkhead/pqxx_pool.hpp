@@ -134,16 +134,20 @@ public:
         /// (lock_timeout), not only statements.
         bool deadline_sets_lock_timeout = false;
         /// Read-write transactions ask for their transaction id, if one was
-        /// assigned, in the COMMIT's own round trip (pipeline mode, the
-        /// question first: the server sends its answer before it commits), so
-        /// that a COMMIT whose connection is lost can be settled afterwards
-        /// with pg_xact_status(): the caller then gets the value (it
-        /// committed), the failure (it was rolled back, or no id was assigned:
-        /// nothing was written), or bulkhead::commit_unknown (the outcome, or
-        /// the id itself, could not be had). Asking assigns no id. Off: COMMIT
-        /// and the reset as one simple query, and a lost COMMIT is
-        /// commit_unknown; so also with libpq before 14.5 (no usable
-        /// pipeline mode).
+        /// assigned, in the COMMIT's own round trip, so that a COMMIT whose
+        /// connection is lost can be settled afterwards with
+        /// pg_xact_status(): the caller then gets the value (it committed),
+        /// the failure (it was rolled back, or no id was assigned: nothing was
+        /// written), or bulkhead::commit_unknown (the outcome, or the id
+        /// itself, could not be had). After a statement that reported a write
+        /// (its command tag: INSERT, UPDATE, ...) the question goes in
+        /// pipeline mode, where the server sends its answer before it
+        /// commits; otherwise ahead of COMMIT in the same simple query, which
+        /// costs one short SELECT, and a write no tag showed (a function
+        /// called by a SELECT) is then settled only when the id's answer
+        /// arrived. Asking assigns no id. Off: COMMIT and the reset as one
+        /// simple query, and a lost COMMIT is commit_unknown; so also with
+        /// libpq before 14.5 (no usable pipeline mode).
         bool resolve_commit_outcome = true;
     };
 

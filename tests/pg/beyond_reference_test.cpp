@@ -8,11 +8,13 @@
 
 #include "catch.hpp"
 
+#include <functional>
 #include <future>
 #include <latch>
 #include <optional>
 #include <regex>
 #include <stop_token>
+#include <string>
 
 using namespace bulkhead_test;
 using gate_t = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
@@ -296,6 +298,65 @@ TEST_CASE("no transaction id is forced: read-write work that only reads gets non
                }),
                Catch::Matchers::ContainsSubstring("no transaction id was assigned"));
     CHECK(proxy.cuts() == 1);
+}
+
+TEST_CASE("a read-write COMMIT goes in pipeline mode only after a statement that reported a write", "[pg][commit]") {
+    tcp_proxy proxy = proxy_to_server();
+    scratch_table table("bulkhead_commit_path", "id int");
+    bulkhead::pqxx_pool pool(proxied_options(proxy, "bulkhead-commit-path"));
+    gate_t gate(pool, 1, 0);
+    const auto commit_of = [&](const std::function<void(pqxx::dbtransaction&)>& work) {
+        const int commits = proxy.commits();
+        const int pipelined = proxy.pipelined_commits();
+        gate.transaction(1s, work);
+        REQUIRE(proxy.commits() == commits + 1);
+        return proxy.pipelined_commits() == pipelined + 1 ? "pipelined" : "simple";
+    };
+    // Reads and session bookkeeping: the id question rides in COMMIT's simple query.
+    CHECK(std::string(commit_of([](pqxx::dbtransaction& tx) { (void)exec_one_row(tx, "SELECT 1"); })) == "simple");
+    CHECK(std::string(commit_of([](pqxx::dbtransaction& tx) {
+              exec_no_rows(tx, "SET LOCAL work_mem = '8MB'");
+              exec_no_rows(tx, "SAVEPOINT s");
+              exec_no_rows(tx, "RELEASE s");
+          })) == "simple");
+    // A statement that reported a write: the pipeline, the id ahead of COMMIT.
+    CHECK(std::string(commit_of([&](pqxx::dbtransaction& tx) {
+              exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
+          })) == "pipelined");
+    CHECK(std::string(commit_of([&](pqxx::dbtransaction& tx) {
+              (void)exec_one_row(tx, "SELECT 1");
+              exec_no_rows(tx, "UPDATE " + table.name() + " SET id = 2");
+              (void)exec_one_row(tx, "SELECT 1");
+          })) == "pipelined");
+    CHECK(table.rows() == 1);
+    CHECK(gate.available() == 1);
+}
+
+TEST_CASE("a write no command tag shows is resolved when the id's answer arrives, and commit_unknown when it is lost",
+          "[pg][commit]") {
+    tcp_proxy proxy = proxy_to_server();
+    scratch_table table("bulkhead_commit_hidden_write", "id int");
+    bulkhead::pqxx_pool pool(proxied_options(proxy, "bulkhead-commit-hidden-write"));
+    gate_t gate(pool, 1, 0);
+    // The server calls this a SELECT; it inserts a row and so has an id.
+    const std::string hidden_write =
+        "WITH w AS (INSERT INTO " + table.name() + " VALUES (1) RETURNING id) SELECT count(*) FROM w";
+    const auto work = [&](pqxx::dbtransaction& tx) { return exec_one_row(tx, hidden_write)[0].as<int>(); };
+
+    // COMMIT's answer lost, the id's heard: the server is asked, and says committed.
+    proxy.arm(tcp_proxy::cut::drop_after_commit);
+    CHECK(gate.transaction(1s, work) == 1);
+    CHECK(proxy.cuts() == 1);
+    CHECK(table.rows() == 1);
+
+    // Both lost: nothing to ask with, and nothing guessed.
+    proxy.arm(tcp_proxy::cut::drop_commit_and_id);
+    CHECK_THAT(message_of<bulkhead::commit_unknown>([&] { (void)gate.transaction(1s, work); }),
+               Catch::Matchers::ContainsSubstring("transaction's id was lost too"));
+    CHECK(proxy.cuts() == 2);
+    CHECK(table.rows() == 2);  // it did commit: "unknown" is not "failed"
+    CHECK(proxy.pipelined_commits() == 0);
+    CHECK(gate.available() == 1);
 }
 
 TEST_CASE("a COMMIT whose answer is lost together with the transaction id's is commit_unknown, never a guess",

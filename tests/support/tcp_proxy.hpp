@@ -8,8 +8,9 @@
 // It forwards bytes both ways and parses the protocol both ways (the untyped
 // startup packets and the one-byte answers to SSLRequest/GSSENCRequest, then
 // typed messages), so that it recognizes a COMMIT: a simple query that
-// starts or ends with COMMIT, or an extended-protocol Parse of "COMMIT" (the
-// pool's commit in pipeline mode), and knows which of the server's answers
+// starts or ends with COMMIT or asks the pool's id question and then
+// commits, or an extended-protocol Parse of "COMMIT" (the pool's commit in
+// pipeline mode), and knows which of the server's answers
 // come before the COMMIT's own (it counts statement completions). When armed
 // it then either
 //   - drop_after_commit: forwards the COMMIT, relays the server's answers up
@@ -18,9 +19,10 @@
 //     client never hears of it (it did hear everything the server answered
 //     before, such as the transaction id asked for in the same pipeline);
 //   - drop_commit_and_id: as drop_after_commit, but from the answer to the
-//     pool's question for the transaction id on (the Parse of
-//     pg_current_xact_id_if_assigned() that goes ahead of the COMMIT): the
-//     commit lands and the client hears neither;
+//     pool's question for the transaction id on (the
+//     pg_current_xact_id_if_assigned() that goes ahead of the COMMIT, in the
+//     pipeline or the simple query): the commit lands and the client hears
+//     neither;
 //   - drop_before_commit: closes both sockets instead of forwarding the
 //     COMMIT, once the server's earlier answers reached the client's socket: the server sees
 //     the client vanish inside a transaction and aborts it;
@@ -141,6 +143,8 @@ public:
     /// includes it.
     [[nodiscard]] int queries() const noexcept { return m_queries.load(); }
     [[nodiscard]] int commits() const noexcept { return m_commits.load(); }
+    /// How many of them went in pipeline mode (an extended-protocol Parse of COMMIT).
+    [[nodiscard]] int pipelined_commits() const noexcept { return m_pipelined_commits.load(); }
 
 private:
     struct link {
@@ -296,7 +300,7 @@ private:
             text += name;
             size = name < size ? ::strnlen(text, size - name) + 1 : 0;
         }
-        if (message[0] == 'P' && is_id_question(text)) {
+        if ((message[0] == 'P' || message[0] == 'Q') && is_id_question(text)) {
             // Everything before it was answered (libpq waits for that): its
             // answer is the next completion.
             through.id_answered_at = through.completions_relayed.load() + 1;
@@ -309,6 +313,9 @@ private:
             return true;
         }
         ++m_commits;
+        if (message[0] == 'P') {
+            ++m_pipelined_commits;
+        }
         // The completions the client hears before the COMMIT's own: all so
         // far, and the id question's answer when one is on its way.
         const long before_commit = std::max(through.completions_relayed.load(), through.id_answered_at);
@@ -410,6 +417,10 @@ private:
         if (size >= 7 && std::strncmp(text, "COMMIT", 6) == 0 && (text[6] == ';' || text[6] == '\0')) {
             return true;
         }
+        if (is_id_question(text)) {  // the question, then "; COMMIT; <reset>" in one simple query
+            const char* rest = std::strstr(text, "; COMMIT");
+            return rest != nullptr && (rest[8] == ';' || rest[8] == '\0');
+        }
         std::size_t end = size;
         while (end > 0 &&
                (text[end - 1] == '\0' || text[end - 1] == ';' || text[end - 1] == ' ' || text[end - 1] == '\n')) {
@@ -444,6 +455,7 @@ private:
     std::atomic<int> m_cuts{0};
     std::atomic<int> m_queries{0};
     std::atomic<int> m_commits{0};
+    std::atomic<int> m_pipelined_commits{0};
     std::mutex m_mutex;
     std::list<link> m_links;  // guarded by m_mutex; std::list keeps addresses stable
     std::thread m_acceptor;

@@ -554,6 +554,8 @@ private:
                 record->reset_statement.clear();
             }
             record->commit_statement = one_query(record->commit_steps);
+            record->asked_commit_statement =
+                std::string(xact_id_if_assigned(record->server_version)).append("; ").append(record->commit_statement);
             record->opened_at = clock::now();
             record->idle_since = record->opened_at;
             const std::lock_guard lock(m_mutex);

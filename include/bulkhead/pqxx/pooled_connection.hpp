@@ -50,6 +50,10 @@ struct pooled_connection {
     // reset also one statement each, for a commit in pipeline mode.
     std::vector<std::string> commit_steps;
     std::string commit_statement;
+    // The question for the transaction's id (xact_id_if_assigned), then
+    // commit_statement: one simple query, for a read-write transaction none of
+    // whose statements reported a write.
+    std::string asked_commit_statement;
     std::string rollback_statement;
     std::string reset_statement;
     // Set by the deadline watchdog, from its own thread, when it cut this

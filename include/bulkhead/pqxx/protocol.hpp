@@ -355,11 +355,19 @@ struct block_guard {
     // number of savepoints that exist (RELEASE may free several), so with 0
     // no savepoint exists and a "ROLLBACK" result cannot be ROLLBACK TO.
     int savepoints = 0;
+    // A result since arming whose command tag may come from a write
+    // (reports_no_write() false for it): INSERT, UPDATE, a failed statement,
+    // anything but the tags of reading and of session bookkeeping. Not every
+    // write shows in a tag (a SELECT calling a function that writes, or a
+    // SELECT ... FOR UPDATE), so false means "no statement said it wrote",
+    // not "nothing was written".
+    bool wrote = false;
 
     void arm() noexcept {
         armed = true;
         ended = false;
         savepoints = 0;
+        wrote = false;
     }
     void disarm() noexcept { armed = false; }
 };
@@ -370,6 +378,18 @@ struct block_guard {
 /// does ROLLBACK TO SAVEPOINT, which is told apart by the savepoint count.
 [[nodiscard]] constexpr bool ends_transaction_block(std::string_view tag, int savepoints) noexcept {
     return tag == "COMMIT" || tag == "PREPARE TRANSACTION" || (tag == "ROLLBACK" && savepoints == 0);
+}
+
+/// True when a result with command tag `tag` (PQcmdStatus: "SELECT 1",
+/// "FETCH 10", "SET") is of a statement that does not write by itself:
+/// SELECT, SHOW, FETCH, MOVE, cursors, SET and RESET, savepoints. Anything
+/// else, an empty tag (an error, COPY) and EXPLAIN (EXPLAIN ANALYZE runs the
+/// statement) included, may have written.
+[[nodiscard]] constexpr bool reports_no_write(std::string_view tag) noexcept {
+    const std::string_view word = tag.substr(0, tag.find(' '));
+    return word == "SELECT" || word == "SHOW" || word == "FETCH" || word == "MOVE" || tag == "DECLARE CURSOR" ||
+           tag == "CLOSE CURSOR" || tag == "CLOSE CURSOR ALL" || word == "SET" || word == "RESET" ||
+           word == "SAVEPOINT" || word == "RELEASE" || word == "ROLLBACK";
 }
 
 /// Shuts the write side of the connection's socket: what was sent is still
@@ -399,6 +419,7 @@ inline int block_guard_event(PGEventId event, void* info, void* pass_through) no
     }
     const auto& created = *static_cast<PGEventResultCreate*>(info);
     const std::string_view tag = PQcmdStatus(created.result);
+    guard.wrote = guard.wrote || !reports_no_write(tag);
     if (tag == "SAVEPOINT") {
         ++guard.savepoints;
     } else if (tag == "RELEASE") {

@@ -259,24 +259,37 @@ inline void transaction_control::on_commit(gate_transaction& /*tx*/) {
     // COMMIT, then the session reset, in one round trip; each result is read
     // on its own, so the COMMIT's outcome is never mixed up with the reset's.
     // With the outcome tracked, the question for the transaction's id goes
-    // first in the same pipeline: the server answers it before it commits.
+    // first. After a statement that reported a write, in a pipeline with a
+    // Flush behind the question: the server sends the id before it commits.
+    // Otherwise ahead of COMMIT in the same simple query, where the server
+    // sends the answers together at the end: an id that a write no tag showed
+    // (a function called by a SELECT) is then learned unless the answers are
+    // lost together, and the common read-only-in-effect transaction pays for
+    // one short SELECT, not for eight extended-protocol statements.
     first_answer answer;
     const auto record = [&](std::size_t index, const PGresult& result) noexcept { answer.record(index, result); };
     first_answer question;  // the id question's, when tracked
+    const auto record_question = [&](const PGresult& result) noexcept {
+        question.record(0, result);
+        read_txid(result);
+    };
     bool alive = false;
-#if defined(LIBPQ_HAS_PIPELINING)
-    if (track_txid) {
-        alive = run_pipeline(
-            handle, xact_id_if_assigned(owner->server_version), owner->commit_steps,
-            [&](const PGresult& result) noexcept {
-                question.record(0, result);
-                read_txid(result);
-            },
-            record);
-    } else
-#endif
-    {
+    if (!track_txid) {
         alive = run_simple_query(handle, owner->commit_statement.c_str(), record);
+    } else if (!owner->guard.wrote) {
+        alive = run_simple_query(handle, owner->asked_commit_statement.c_str(),
+                                 [&](std::size_t index, const PGresult& result) noexcept {
+                                     if (index == 0) {
+                                         record_question(result);
+                                     } else {
+                                         record(index - 1, result);
+                                     }
+                                 });
+    } else {
+#if defined(LIBPQ_HAS_PIPELINING)  // track_txid is only set where pipeline mode is usable
+        alive = run_pipeline(handle, xact_id_if_assigned(owner->server_version), owner->commit_steps, record_question,
+                             record);
+#endif
     }
     if (question.answered && !question.succeeded && question.from_server) {
         // The server failed the question (a cancel or a timeout that hit it,
