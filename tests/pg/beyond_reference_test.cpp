@@ -300,17 +300,25 @@ TEST_CASE("no transaction id is forced: read-write work that only reads gets non
     CHECK(proxy.cuts() == 1);
 }
 
-TEST_CASE("a read-write COMMIT goes in pipeline mode only after a statement that reported a write", "[pg][commit]") {
+/// A gate of one permit over a pool of one connection that goes through a
+/// tcp_proxy, and a scratch table: what the commit-path tests start from.
+struct proxied_gate_setup {
+    proxied_gate_setup(const std::string& table_name, const std::string& application_name)
+        : table(table_name, "id int"), pool(proxied_options(proxy, application_name)), gate(pool, 1, 0) {}
     tcp_proxy proxy = proxy_to_server();
-    scratch_table table("bulkhead_commit_path", "id int");
-    bulkhead::pqxx_pool pool(proxied_options(proxy, "bulkhead-commit-path"));
-    gate_t gate(pool, 1, 0);
+    scratch_table table;
+    bulkhead::pqxx_pool pool;
+    gate_t gate;
+};
+
+TEST_CASE("a read-write COMMIT goes in pipeline mode only after a statement that reported a write", "[pg][commit]") {
+    proxied_gate_setup s("bulkhead_commit_path", "bulkhead-commit-path");
     const auto commit_of = [&](const std::function<void(pqxx::dbtransaction&)>& work) {
-        const int commits = proxy.commits();
-        const int pipelined = proxy.pipelined_commits();
-        gate.transaction(1s, work);
-        REQUIRE(proxy.commits() == commits + 1);
-        return proxy.pipelined_commits() == pipelined + 1 ? "pipelined" : "simple";
+        const int commits = s.proxy.commits();
+        const int pipelined = s.proxy.pipelined_commits();
+        s.gate.transaction(1s, work);
+        REQUIRE(s.proxy.commits() == commits + 1);
+        return s.proxy.pipelined_commits() == pipelined + 1 ? "pipelined" : "simple";
     };
     // Reads and session bookkeeping: the id question rides in COMMIT's simple query.
     CHECK(std::string(commit_of([](pqxx::dbtransaction& tx) { (void)exec_one_row(tx, "SELECT 1"); })) == "simple");
@@ -321,60 +329,54 @@ TEST_CASE("a read-write COMMIT goes in pipeline mode only after a statement that
           })) == "simple");
     // A statement that reported a write: the pipeline, the id ahead of COMMIT.
     CHECK(std::string(commit_of([&](pqxx::dbtransaction& tx) {
-              exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
+              exec_no_rows(tx, "INSERT INTO " + s.table.name() + " VALUES (1)");
           })) == "pipelined");
     CHECK(std::string(commit_of([&](pqxx::dbtransaction& tx) {
               (void)exec_one_row(tx, "SELECT 1");
-              exec_no_rows(tx, "UPDATE " + table.name() + " SET id = 2");
+              exec_no_rows(tx, "UPDATE " + s.table.name() + " SET id = 2");
               (void)exec_one_row(tx, "SELECT 1");
           })) == "pipelined");
-    CHECK(table.rows() == 1);
-    CHECK(gate.available() == 1);
+    CHECK(s.table.rows() == 1);
+    CHECK(s.gate.available() == 1);
 }
 
 TEST_CASE("a write no command tag shows is resolved when the id's answer arrives, and commit_unknown when it is lost",
           "[pg][commit]") {
-    tcp_proxy proxy = proxy_to_server();
-    scratch_table table("bulkhead_commit_hidden_write", "id int");
-    bulkhead::pqxx_pool pool(proxied_options(proxy, "bulkhead-commit-hidden-write"));
-    gate_t gate(pool, 1, 0);
+    proxied_gate_setup s("bulkhead_commit_hidden_write", "bulkhead-commit-hidden-write");
     // The server calls this a SELECT; it inserts a row and so has an id.
     const std::string hidden_write =
-        "WITH w AS (INSERT INTO " + table.name() + " VALUES (1) RETURNING id) SELECT count(*) FROM w";
+        "WITH w AS (INSERT INTO " + s.table.name() + " VALUES (1) RETURNING id) SELECT count(*) FROM w";
     const auto work = [&](pqxx::dbtransaction& tx) { return exec_one_row(tx, hidden_write)[0].as<int>(); };
 
     // COMMIT's answer lost, the id's heard: the server is asked, and says committed.
-    proxy.arm(tcp_proxy::cut::drop_after_commit);
-    CHECK(gate.transaction(1s, work) == 1);
-    CHECK(proxy.cuts() == 1);
-    CHECK(table.rows() == 1);
+    s.proxy.arm(tcp_proxy::cut::drop_after_commit);
+    CHECK(s.gate.transaction(1s, work) == 1);
+    CHECK(s.proxy.cuts() == 1);
+    CHECK(s.table.rows() == 1);
 
     // Both lost: nothing to ask with, and nothing guessed.
-    proxy.arm(tcp_proxy::cut::drop_commit_and_id);
-    CHECK_THAT(message_of<bulkhead::commit_unknown>([&] { (void)gate.transaction(1s, work); }),
+    s.proxy.arm(tcp_proxy::cut::drop_commit_and_id);
+    CHECK_THAT(message_of<bulkhead::commit_unknown>([&] { (void)s.gate.transaction(1s, work); }),
                Catch::Matchers::ContainsSubstring("transaction's id was lost too"));
-    CHECK(proxy.cuts() == 2);
-    CHECK(table.rows() == 2);  // it did commit: "unknown" is not "failed"
-    CHECK(proxy.pipelined_commits() == 0);
-    CHECK(gate.available() == 1);
+    CHECK(s.proxy.cuts() == 2);
+    CHECK(s.table.rows() == 2);  // it did commit: "unknown" is not "failed"
+    CHECK(s.proxy.pipelined_commits() == 0);
+    CHECK(s.gate.available() == 1);
 }
 
 TEST_CASE("a COMMIT whose answer is lost together with the transaction id's is commit_unknown, never a guess",
           "[pg][commit]") {
-    tcp_proxy proxy = proxy_to_server();
-    scratch_table table("bulkhead_commit_id_lost", "id int");
-    bulkhead::pqxx_pool pool(proxied_options(proxy, "bulkhead-commit-id-lost"));
-    gate_t gate(pool, 1, 0);
-    proxy.arm(tcp_proxy::cut::drop_commit_and_id);
+    proxied_gate_setup s("bulkhead_commit_id_lost", "bulkhead-commit-id-lost");
+    s.proxy.arm(tcp_proxy::cut::drop_commit_and_id);
     CHECK_THAT(message_of<bulkhead::commit_unknown>([&] {
-                   gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
-                       exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
+                   s.gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
+                       exec_no_rows(tx, "INSERT INTO " + s.table.name() + " VALUES (1)");
                    });
                }),
                Catch::Matchers::ContainsSubstring("transaction's id was lost too"));
-    CHECK(proxy.cuts() == 1);
-    CHECK(table.rows() == 1);  // it did commit: "unknown" is not "failed"
-    CHECK(gate.available() == 1);
+    CHECK(s.proxy.cuts() == 1);
+    CHECK(s.table.rows() == 1);  // it did commit: "unknown" is not "failed"
+    CHECK(s.gate.available() == 1);
 }
 
 // --- 4. What libpq already knows is not asked of the server ------------------------------
