@@ -310,7 +310,10 @@ struct gate_settings {
     std::chrono::nanoseconds deadline = 100ms;  ///< after the intended start; zero: none
     bool read_only = true;                      ///< for workloads that write nothing
     bool resolve_commit_outcome = true;         ///< the pool's option (read-write only)
-    int workers = 256;                          ///< open-loop workers (callers)
+    /// SELECT 1 only: BEGIN carries the statement (transaction_options::first_statement)
+    /// and the callback reads its result: two round trips instead of three.
+    bool first_statement = false;
+    int workers = 256;  ///< open-loop workers (callers)
     /// Reads the thread's context switches around each call (two system
     /// calls, outside the timed part) to tell a slow rejection from one that
     /// was preempted or slept.
@@ -336,7 +339,15 @@ public:
         if (m_settings.deadline > m_settings.deadline.zero()) {
             options.deadline = intended + m_settings.deadline;
         }
-        const auto work = [&](pqxx::dbtransaction& tx) { return run_statements(tx, m_kind, random); };
+        if (m_settings.first_statement) {
+            options.transaction.first_statement = "SELECT 1";
+        }
+        const auto work = [&](pqxx::dbtransaction& tx) {
+            if (m_settings.first_statement) {
+                return bulkhead::pqxx_pool::first_result(tx)[0][0].as<long>();
+            }
+            return run_statements(tx, m_kind, random);
+        };
         call_result result;
         const context_switches switches_before =
             m_settings.track_preemption ? thread_context_switches() : context_switches{};

@@ -241,8 +241,9 @@ std::unique_ptr<arm> make_arm(const settings& config, const std::string& conninf
     // "gate": read-only where the workload allows, with the call's deadline;
     // "-rw": read-write (the pool's default); "-untracked": with
     // resolve_commit_outcome off; "-nodl": without a deadline (no watchdog,
-    // no SET LOCAL statement_timeout). "gate-rw-nodl" is the gate with the
-    // pool's default transaction options.
+    // no SET LOCAL statement_timeout); "-first": BEGIN carries the SELECT 1
+    // (first_statement). "gate-rw-nodl" is the gate with the pool's default
+    // transaction options.
     const auto has = [&](std::string_view part) { return which.find(part) != std::string::npos; };
     gate_settings gate{
         .name = which,
@@ -252,6 +253,7 @@ std::unique_ptr<arm> make_arm(const settings& config, const std::string& conninf
         .deadline = has("-nodl") ? std::chrono::nanoseconds::zero() : std::chrono::nanoseconds(config.deadline),
         .read_only = !has("-rw") && is_read_only(kind),
         .resolve_commit_outcome = !has("-untracked"),
+        .first_statement = has("-first") && kind == workload::select1,
         .workers = config.many_workers,
         .track_preemption = track_preemption};
     return std::make_unique<gate_arm>(conninfo, kind, gate);
@@ -302,7 +304,8 @@ std::vector<round_trip_row> run_round_trips(const settings& config, server_monit
     const int warm_up = 50;
     const int calls = static_cast<int>(1000 * config.scale);
     const std::vector<std::pair<workload, std::vector<std::string>>> plan = {
-        {workload::select1, {"raw", "gate", "gate-nodl", "gate-rw", "gate-rw-untracked", "pool"}},
+        {workload::select1,
+         {"raw", "gate", "gate-nodl", "gate-first", "gate-rw", "gate-rw-nodl", "gate-rw-untracked", "pool"}},
         {workload::read_write, {"raw", "gate", "pool"}},
     };
     // Three interleaved repetitions; the table shows the medians (the counts
@@ -1013,7 +1016,7 @@ int run(const settings& config) {
         // neighbouring runs, which a shared machine's drift affects alike.
         for (int rep = 1; rep <= 5; ++rep) {
             for (const char* which :
-                 {"raw", "gate", "gate-nodl", "gate-rw", "gate-rw-nodl", "gate-rw-untracked", "pool"}) {
+                 {"raw", "gate", "gate-nodl", "gate-first", "gate-rw", "gate-rw-nodl", "gate-rw-untracked", "pool"}) {
                 closed.push_back(run_closed(config, monitor, workload::select1, which, threads, rep, 1.25));
             }
         }
@@ -1025,7 +1028,7 @@ int run(const settings& config) {
         }
         closed.push_back(run_closed(config, monitor, workload::read_write, "pool-many", config.many_closed, 1, 2.0));
         for (int rep = 1; rep <= 4; ++rep) {
-            for (const char* which : {"raw", "gate-rw", "gate-rw-nodl"}) {
+            for (const char* which : {"raw", "gate-rw", "gate-rw-nodl", "gate-rw-untracked"}) {
                 closed.push_back(run_closed(config, monitor, workload::tpcb, which, threads, rep, 1.25));
             }
         }
@@ -1409,6 +1412,7 @@ int run(const settings& config) {
         const std::vector<std::tuple<workload, std::string, double, std::string>> goals = {
             {workload::select1, "gate-rw-nodl", 1.0, "SELECT 1, default options (read-write)"},
             {workload::select1, "gate-nodl", 1.0, "SELECT 1, read-only"},
+            {workload::select1, "gate-first", 0.98, "SELECT 1, read-only, deadline, BEGIN carries it"},
             {workload::tpcb, "gate-rw-nodl", 1.0, "tpcb (3 UPDATEs, SELECT, INSERT), default options"},
             {workload::sleep, "gate-rw-nodl", 1.0, "pg_sleep(2 ms), default options"},
             {workload::select1, "gate-rw", 0.98, "SELECT 1, read-write, deadline"},

@@ -149,6 +149,24 @@ public:
         /// simple query, and a lost COMMIT is commit_unknown; so also with
         /// libpq before 14.5 (no usable pipeline mode).
         bool resolve_commit_outcome = true;
+        /// SQL that BEGIN carries: sent after BEGIN (and its SET LOCAL) in the
+        /// same simple query, before the callback runs, so the transaction
+        /// needs one round trip less; a one-statement transaction makes two
+        /// (BEGIN with the statement, COMMIT), as pgJDBC's do. Text only, no
+        /// parameters (numbers as text, strings quoted by the caller); several
+        /// statements separated by ';' are allowed. The callback reads the
+        /// result of its last statement with pqxx_pool::first_result(tx).
+        /// The server runs nothing of it when BEGIN fails, and stops at its
+        /// first failing statement: the call then fails with that statement's
+        /// error (a pqxx::sql_error; the deadline's timeout becomes
+        /// bulkhead::work_deadline_exceeded), the transaction is rolled back,
+        /// the callback never runs, and the connection is kept. A BEGIN
+        /// that carries one is not retried on another connection when the
+        /// connection breaks (E9), since the statement may have run. A stop
+        /// request does not cancel it (only the callback's statements); the
+        /// deadline bounds it. Must stay valid until the call returns; must
+        /// not contain a NUL character. Empty: none.
+        std::string_view first_statement{};
     };
 
     /// The gate's transaction handle; `*tx` is what the callback receives,
@@ -286,14 +304,31 @@ public:
         try {
             return begin_on(held, options);
         } catch (const pqxx::broken_connection&) {
-            // Not when the deadline has passed (the watchdog may be why).
-            if (options.deadline != clock::time_point::max() && clock::now() >= options.deadline) {
+            // Not when the deadline has passed (the watchdog may be why), nor
+            // when the caller's first statement may have run.
+            if ((options.deadline != clock::time_point::max() && clock::now() >= options.deadline) ||
+                !options.first_statement.empty()) {
                 throw;
             }
             held.release();  // closed: begin_on marked it for discard
             held = acquire(options.deadline);
             return begin_on(held, options);
         }
+    }
+
+    /// Inside the gate's callback: the result of the last statement of the
+    /// call's transaction_options::first_statement, which BEGIN carried.
+    /// \throws std::logic_error when `tx` is not a gate transaction of a
+    ///         pqxx_pool, or its call set no first_statement.
+    [[nodiscard]] static const pqxx::result& first_result(const pqxx::dbtransaction& tx) {
+        const auto* gate = dynamic_cast<const detail::gate_transaction*>(&tx);
+        if (gate == nullptr) {
+            throw std::logic_error("bulkhead::pqxx_pool::first_result: not the transaction of a gate's callback");
+        }
+        if (!gate->control().begin_carries_work) {
+            throw std::logic_error("bulkhead::pqxx_pool::first_result: the call set no first_statement");
+        }
+        return gate->begin_result();
     }
 
     /// Asks the server to cancel the statement running on the leased
@@ -328,22 +363,8 @@ public:
             return false;
         }
         const detail::transaction_control& control = tx->control();
-        if (control.cut_by_watchdog()) {
-            return true;
-        }
-        // The timeout is set in whole milliseconds, rounded down, from the
-        // time left at BEGIN: the server may fire up to that much early.
-        if (clock::now() + std::chrono::milliseconds(2) < control.deadline) {
-            return false;
-        }
-        try {
-            throw;
-        } catch (const pqxx::sql_error& failure) {
-            return (control.timeout_from_deadline && failure.sqlstate() == "57014") ||
-                   (control.lock_timeout_from_deadline && failure.sqlstate() == "55P03");
-        } catch (...) {
-            return false;
-        }
+        return caused_by_deadline(control.cut_by_watchdog(), control.timeout_from_deadline,
+                                  control.lock_timeout_from_deadline, control.deadline);
     }
 
     /// Commits. A COMMIT that fails on the server leaves nothing committed.
@@ -398,6 +419,10 @@ private:
         control.target = &m_core->target();
         control.read_only = options.read_only;
         control.track_txid = options.resolve_commit_outcome && !options.read_only && detail::pipeline_usable();
+        control.begin_carries_work = !options.first_statement.empty();
+        if (options.first_statement.find('\0') != std::string_view::npos) {
+            throw std::invalid_argument("bulkhead::pqxx_pool: first_statement must not contain a NUL character");
+        }
         control.deadline = options.deadline;
         const pqxx_pool_options& settings = m_core->options();
         const clock::time_point now = clock::now();
@@ -415,18 +440,61 @@ private:
             control.settle_until = std::min(control.settle_until, cut_at);
             control.watchdog = &m_core->watchdog();
         }
+        if (control.begin_carries_work) {
+            control.begin_statement.append("; ").append(options.first_statement);
+        }
         if (control.watchdog != nullptr) {  // last: nothing but the transaction's construction may throw after it
             control.watch = control.watchdog->arm(
                 connection.watch_socket,
                 options.deadline + std::chrono::duration_cast<clock::duration>(settings.deadline_slack),
                 connection.cut_by_watchdog);
         }
+        // Copied before the control moves: the failure below needs them.
+        const bool carries_work = control.begin_carries_work;
+        const bool timeout_from_deadline = control.timeout_from_deadline;
+        const bool lock_timeout_from_deadline = control.lock_timeout_from_deadline;
         try {
             return std::make_unique<detail::gate_transaction>(*connection.connection, std::move(control));
-        } catch (...) {
+        } catch (const std::bad_alloc&) {
             connection.discard = true;
             m_core->watchdog().disarm(control.watch);  // moved-from control keeps its ticket value
             throw;
+        } catch (...) {
+            // The transaction's constructor has marked the connection (kept
+            // only after a failed first statement that it rolled back).
+            m_core->watchdog().disarm(control.watch);
+            // The caller's first statement ran into the deadline: reported
+            // as the callback's statements are.
+            if (carries_work && options.deadline != clock::time_point::max() &&
+                caused_by_deadline(connection.cut_by_watchdog.load(std::memory_order_acquire), timeout_from_deadline,
+                                   lock_timeout_from_deadline, options.deadline)) {
+                std::throw_with_nested(work_deadline_exceeded());
+            }
+            throw;
+        }
+    }
+
+    /// Inside a catch handler for a failure of a transaction with a
+    /// deadline: true when the deadline caused it: the watchdog cut the
+    /// connection off (`cut`), or, once the deadline has passed, a
+    /// statement_timeout (57014) or lock_timeout (55P03) that came from it.
+    static bool caused_by_deadline(bool cut, bool timeout_from_deadline, bool lock_timeout_from_deadline,
+                                   clock::time_point deadline) noexcept {
+        if (cut) {
+            return true;
+        }
+        // The timeout is set in whole milliseconds, rounded down, from the
+        // time left at BEGIN: the server may fire up to that much early.
+        if (clock::now() + std::chrono::milliseconds(2) < deadline) {
+            return false;
+        }
+        try {
+            throw;
+        } catch (const pqxx::sql_error& failure) {
+            return (timeout_from_deadline && failure.sqlstate() == "57014") ||
+                   (lock_timeout_from_deadline && failure.sqlstate() == "55P03");
+        } catch (...) {
+            return false;
         }
     }
 

@@ -163,6 +163,7 @@ public:
           pqxx::dbtransaction(connection),
           m_control(std::move(control)) {
         try {
+            m_control.before_begin();
             Begin();  // libpqxx calls do_begin(), and End() itself when that fails
         } catch (...) {
             m_control.on_begin_failed();
@@ -182,13 +183,17 @@ public:
 
     /// The pool's bookkeeping for this transaction (the pool's, not the callback's).
     Control& control() noexcept { return m_control; }
+    [[nodiscard]] const Control& control() const noexcept { return m_control; }
+    /// What the BEGIN query's last statement returned: the caller's first
+    /// statement's result when the query carried one.
+    [[nodiscard]] const pqxx::result& begin_result() const noexcept { return m_begin_result; }
 
 private:
     friend Control;
 
     pqxx::result run(const std::string& statement) { return direct_exec(statement.c_str()); }
 
-    void do_begin() override { (void)run(m_control.begin_statement); }
+    void do_begin() override { m_begin_result = run(m_control.begin_statement); }
     // libpqxx 6's dbtransaction aborts on any failed statement; here the
     // gate decides, so a failure leaves the transaction for rollback(). The
     // control checks the session around each of the callback's statements:
@@ -206,6 +211,7 @@ private:
     }
 
     Control m_control;
+    pqxx::result m_begin_result;
 };
 
 #elif PQXX_VERSION_MAJOR == 7
@@ -217,7 +223,8 @@ public:
         : pqxx::dbtransaction(connection), m_control(std::move(control)) {
         register_transaction();
         try {
-            (void)run(m_control.begin_statement);
+            m_control.before_begin();
+            m_begin_result = run(m_control.begin_statement);
         } catch (...) {
             m_control.on_begin_failed();
             m_control.closing = true;
@@ -238,6 +245,10 @@ public:
 
     /// The pool's bookkeeping for this transaction (the pool's, not the callback's).
     Control& control() noexcept { return m_control; }
+    [[nodiscard]] const Control& control() const noexcept { return m_control; }
+    /// What the BEGIN query's last statement returned: the caller's first
+    /// statement's result when the query carried one.
+    [[nodiscard]] const pqxx::result& begin_result() const noexcept { return m_begin_result; }
 
 private:
     friend Control;
@@ -248,6 +259,7 @@ private:
     void do_abort() override { m_control.on_abort(*this); }
 
     Control m_control;
+    pqxx::result m_begin_result;
 };
 
 #endif

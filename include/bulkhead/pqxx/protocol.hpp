@@ -382,14 +382,15 @@ struct block_guard {
 
 /// True when a result with command tag `tag` (PQcmdStatus: "SELECT 1",
 /// "FETCH 10", "SET") is of a statement that does not write by itself:
-/// SELECT, SHOW, FETCH, MOVE, cursors, SET and RESET, savepoints. Anything
+/// SELECT, SHOW, FETCH, MOVE, cursors, SET and RESET, savepoints, BEGIN
+/// (the pool's own, when it carries the caller's first statement). Anything
 /// else, an empty tag (an error, COPY) and EXPLAIN (EXPLAIN ANALYZE runs the
 /// statement) included, may have written.
 [[nodiscard]] constexpr bool reports_no_write(std::string_view tag) noexcept {
     const std::string_view word = tag.substr(0, tag.find(' '));
-    return word == "SELECT" || word == "SHOW" || word == "FETCH" || word == "MOVE" || tag == "DECLARE CURSOR" ||
-           tag == "CLOSE CURSOR" || tag == "CLOSE CURSOR ALL" || word == "SET" || word == "RESET" ||
-           word == "SAVEPOINT" || word == "RELEASE" || word == "ROLLBACK";
+    return word == "SELECT" || word == "SHOW" || word == "BEGIN" || word == "FETCH" || word == "MOVE" ||
+           tag == "DECLARE CURSOR" || tag == "CLOSE CURSOR" || tag == "CLOSE CURSOR ALL" || word == "SET" ||
+           word == "RESET" || word == "SAVEPOINT" || word == "RELEASE" || word == "ROLLBACK";
 }
 
 /// Shuts the write side of the connection's socket: what was sent is still

@@ -85,6 +85,7 @@ struct transaction_control {
     std::int64_t txid = txid_unheard;
     static constexpr std::int64_t txid_unheard = -1;
     static constexpr std::int64_t no_txid = 0;  // ids start at 3
+    bool begin_carries_work = false;            // the caller's first_statement follows BEGIN in its query
     bool timeout_from_deadline = false;         // statement_timeout was set from the call's deadline
     bool lock_timeout_from_deadline = false;    // lock_timeout was set from the call's deadline
     bool permitted = false;                     // set by pqxx_pool::commit/rollback around their call into libpqxx
@@ -97,9 +98,18 @@ struct transaction_control {
     socket_watchdog* watchdog = nullptr;        // the pool's, when a deadline is armed
     socket_watchdog::ticket watch = 0;          // the armed entry, or 0
 
+    /// Before the BEGIN query is sent: one that carries the caller's first
+    /// statement is watched like the callback's statements.
+    void before_begin() noexcept {
+        if (begin_carries_work) {
+            owner->guard.arm();
+        }
+    }
     void on_begun() noexcept {
         backend_open = true;
-        owner->guard.arm();  // from here on the callback's statements run
+        if (!owner->guard.armed) {
+            owner->guard.arm();  // from here on the callback's statements run
+        }
     }
     void settle_lost_commit(const std::exception& cause);
     /// The answer to xact_id_if_assigned().
@@ -118,10 +128,12 @@ struct transaction_control {
             txid = id;
         }
     }
-    void on_begin_failed() noexcept {
-        owner->discard = true;
-        disarm_watchdog();
-    }
+    /// The BEGIN query failed. When it carried the caller's first statement
+    /// and BEGIN itself ran (libpq says the session is in a transaction
+    /// block), that statement failed: the transaction is rolled back, with the
+    /// reset, and the connection kept if both succeed. Otherwise the
+    /// connection is discarded.
+    void on_begin_failed() noexcept;
     void on_closed() noexcept {
         owner->guard.disarm();
         if (backend_open || owner->guard.ended) {
@@ -228,6 +240,21 @@ struct first_answer {
         }
     }
 };
+
+inline void transaction_control::on_begin_failed() noexcept {
+    owner->guard.disarm();
+    bool kept = false;
+    if (begin_carries_work && !owner->guard.ended && !session_ending(owner->handle) &&
+        inside_transaction_block(owner->handle)) {
+        first_answer answer;
+        const bool alive =
+            run_simple_query(owner->handle, owner->rollback_statement.c_str(),
+                             [&](std::size_t index, const PGresult& result) noexcept { answer.record(index, result); });
+        kept = alive && answer.succeeded && !answer.rest_failed && !inside_transaction_block(owner->handle);
+    }
+    owner->discard = owner->discard || !kept;
+    disarm_watchdog();
+}
 
 inline void transaction_control::on_commit(gate_transaction& /*tx*/) {
     if (!permitted) {
