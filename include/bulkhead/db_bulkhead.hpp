@@ -731,7 +731,7 @@ private:
                                 Work&& work, bool* started) {
         bool began = false;
         try {
-            transaction_guard<Pool> guard(*m_pool, lease, settings, rollback_hook());
+            transaction_guard<Pool> guard = begin_transaction(lease, settings, call);
             began = true;
             if (started != nullptr) {
                 *started = true;
@@ -753,6 +753,28 @@ private:
         } catch (...) {
             count_failure(began);
             throw;
+        }
+    }
+
+    /// Stage 4's BEGIN. While it runs, a stop request asks the pool to cancel
+    /// it on the server, as for the callback's statements (a pool's BEGIN
+    /// may carry the caller's first statement: pqxx_pool's first_statement);
+    /// a BEGIN that fails once a stop was requested is work_cancelled.
+    transaction_guard<Pool> begin_transaction(typename Pool::lease& lease, const transaction_options& settings,
+                                              const options& call) {
+        if constexpr (pool_cancels_work<Pool>) {
+            try {
+                const std::stop_callback cancel_on_stop(call.stop,
+                                                        [this, &lease]() noexcept { m_pool->cancel(lease); });
+                return transaction_guard<Pool>(*m_pool, lease, settings, rollback_hook());
+            } catch (...) {
+                if (call.stop.stop_requested()) {
+                    std::throw_with_nested(work_cancelled());
+                }
+                throw;
+            }
+        } else {
+            return transaction_guard<Pool>(*m_pool, lease, settings, rollback_hook());
         }
     }
 

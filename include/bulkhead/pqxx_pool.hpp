@@ -163,9 +163,10 @@ public:
         /// the callback never runs, and the connection is kept. A BEGIN
         /// that carries one is not retried on another connection when the
         /// connection breaks (E9), since the statement may have run. A stop
-        /// request does not cancel it (only the callback's statements); the
-        /// deadline bounds it. Must stay valid until the call returns; must
-        /// not contain a NUL character. Empty: none.
+        /// request cancels it as it cancels the callback's statements (the
+        /// call then fails with bulkhead::work_cancelled). Must stay valid
+        /// until the call returns; must not contain a NUL character. Empty:
+        /// none.
         std::string_view first_statement{};
     };
 
@@ -463,6 +464,12 @@ private:
             // The transaction's constructor has marked the connection (kept
             // only after a failed first statement that it rolled back).
             m_core->watchdog().disarm(control.watch);
+            // The caller's first statement ended the transaction block: the
+            // guard shut the connection's write side, and libpqxx 6 may have
+            // seen the server close it before the query returned.
+            if (carries_work && connection.guard.ended) {
+                std::throw_with_nested(std::logic_error(detail::transaction_control::block_ended));
+            }
             // The caller's first statement ran into the deadline: reported
             // as the callback's statements are.
             if (carries_work && options.deadline != clock::time_point::max() &&

@@ -29,6 +29,20 @@ clock_type::duration time_of(Call&& call) {
     return clock_type::now() - start;
 }
 
+/// Requests the stop and checks that `call` then ends within a second, with
+/// bulkhead::work_cancelled over the server's 57014.
+void check_cancelled_at_once(std::stop_source& source, std::future<void>& call) {
+    const auto stop_at = clock_type::now();
+    source.request_stop();
+    try {
+        call.get();
+        FAIL("no exception");
+    } catch (const bulkhead::work_cancelled& cancelled) {
+        CHECK(sqlstate_of([&] { std::rethrow_if_nested(cancelled); }) == "57014");
+    }
+    CHECK(clock_type::now() - stop_at < 1s);
+}
+
 }  // namespace
 
 // --- 1. One deadline, every stage ------------------------------------------------
@@ -184,16 +198,8 @@ TEST_CASE("a stop request during pg_sleep(10) cancels the statement on the serve
                                          " AND state = 'active' AND query LIKE '%pg_sleep(10)%'") == 1;
     });
     std::this_thread::sleep_for(100ms);  // "cancelled after 100 ms": the scenario under test, not ordering
-    const auto stop_at = clock_type::now();
     CHECK(gate.available() == 0);
-    source.request_stop();
-    try {
-        call.get();
-        FAIL("no exception");
-    } catch (const bulkhead::work_cancelled& cancelled) {
-        CHECK(sqlstate_of([&] { std::rethrow_if_nested(cancelled); }) == "57014");
-    }
-    CHECK(clock_type::now() - stop_at < 1s);
+    check_cancelled_at_once(source, call);
     CHECK(gate.available() == 1);  // back only once the callback had unwound
     CHECK(scalar<std::string>(monitor, "SELECT state FROM pg_stat_activity WHERE pid = " + std::to_string(pid)) ==
           "idle");
@@ -450,6 +456,15 @@ TEST_CASE("a lease used directly is checked on return without a round trip, rese
 
 // --- 5. BEGIN carries the first statement -----------------------------------------------
 
+/// A gate of one permit over a pool of one connection, whose sessions show
+/// `application_name` in pg_stat_activity.
+struct one_connection_gate {
+    explicit one_connection_gate(const std::string& application_name)
+        : pool(pool_options(application_name, 1)), gate(pool, 1, 0) {}
+    bulkhead::pqxx_pool pool;
+    gate_t gate;
+};
+
 TEST_CASE("a first_statement travels with BEGIN: a one-statement transaction makes two round trips", "[pg][first]") {
     proxied_gate_setup s("bulkhead_first_trips", "bulkhead-first-trips");
     gate_t::options carried{};
@@ -477,8 +492,9 @@ TEST_CASE(
     "connection stays",
     "[pg][first]") {
     scratch_table table("bulkhead_first_fails", "id int");
-    bulkhead::pqxx_pool pool(pool_options("bulkhead-first-fails", 1));
-    gate_t gate(pool, 1, 0);
+    one_connection_gate setup("bulkhead-first-fails");
+    bulkhead::pqxx_pool& pool = setup.pool;
+    gate_t& gate = setup.gate;
     const auto backend = [&] {
         gate_t::options call{};
         call.transaction.first_statement = "SELECT pg_backend_pid()";
@@ -520,8 +536,9 @@ TEST_CASE("a first_statement whose BEGIN never reached the server runs nowhere a
 
 TEST_CASE("a first_statement that runs into the deadline is work_deadline_exceeded, within the deadline and slack",
           "[pg][first]") {
-    bulkhead::pqxx_pool pool(pool_options("bulkhead-first-deadline", 1));
-    gate_t gate(pool, 1, 0);
+    one_connection_gate setup("bulkhead-first-deadline");
+    bulkhead::pqxx_pool& pool = setup.pool;
+    gate_t& gate = setup.gate;
     gate_t::options call{};
     call.deadline = clock_type::now() + 300ms;
     call.transaction.first_statement = "SELECT pg_sleep(5)";
@@ -537,11 +554,35 @@ TEST_CASE("a first_statement that runs into the deadline is work_deadline_exceed
 }
 
 TEST_CASE("a first_statement that ends the transaction block is refused like the callback's", "[pg][first]") {
-    bulkhead::pqxx_pool pool(pool_options("bulkhead-first-commit", 1));
-    gate_t gate(pool, 1, 0);
+    one_connection_gate setup("bulkhead-first-commit");
+    gate_t& gate = setup.gate;
     gate_t::options call{};
     call.transaction.first_statement = "COMMIT";
     CHECK_THROWS_AS(gate.transaction(call, [](pqxx::dbtransaction&) {}), std::logic_error);
     CHECK(gate.available() == 1);
     CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT 1")[0].as<int>(); }) == 1);
+}
+
+TEST_CASE("a stop request during a first_statement cancels it on the server: work_cancelled, the callback never runs",
+          "[pg][first]") {
+    one_connection_gate setup("bulkhead-first-cancel");
+    gate_t& gate = setup.gate;
+    auto monitor = outside_connection();
+    std::stop_source source;
+    int runs = 0;
+    auto call = std::async(std::launch::async, [&] {
+        gate_t::options options{.stop = source.get_token()};
+        options.transaction.first_statement = "SELECT pg_sleep(10)";
+        gate.transaction(options, [&](pqxx::dbtransaction&) { ++runs; });
+    });
+    // The statement is running on the server before the stop is requested.
+    await([&] {
+        return scalar<long>(monitor,
+                            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'bulkhead-first-cancel' "
+                            "AND state = 'active' AND query LIKE '%pg_sleep(10)%'") == 1;
+    });
+    check_cancelled_at_once(source, call);
+    CHECK(runs == 0);
+    CHECK(gate.available() == 1);
+    CHECK(gate.stats().work_cancelled == 1);
 }
