@@ -767,6 +767,8 @@ private:
                 const std::stop_callback cancel_on_stop(call.stop,
                                                         [this, &lease]() noexcept { m_pool->cancel(lease); });
                 return transaction_guard<Pool>(*m_pool, lease, settings, rollback_hook());
+            } catch (const rejected&) {
+                throw;  // nothing began (the deadline, no connection for a retry): a rejection stays one
             } catch (...) {
                 if (call.stop.stop_requested()) {
                     std::throw_with_nested(work_cancelled());
