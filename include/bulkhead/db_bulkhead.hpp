@@ -736,15 +736,16 @@ private:
             if (started != nullptr) {
                 *started = true;
             }
+            cancel_if_stopped(call);  // a stop that came while BEGIN ran: the callback does not start
             if constexpr (std::is_void_v<work_result_t<Work>>) {
                 run_callback(lease, guard, call, std::forward<Work>(work));
-                refuse_commit_if_stopped(call);
+                cancel_if_stopped(call);
                 refuse_commit_past_deadline(call);
                 guard.commit();
                 m_metrics.completed();
             } else {
                 work_result_t<Work> value = run_callback(lease, guard, call, std::forward<Work>(work));
-                refuse_commit_if_stopped(call);
+                cancel_if_stopped(call);
                 refuse_commit_past_deadline(call);
                 guard.commit();
                 m_metrics.completed();
@@ -883,9 +884,9 @@ private:
         (void)guard;
     }
 
-    /// A stop requested while the work ran cancels the work, even when the
-    /// callback finished: nothing is committed.
-    static void refuse_commit_if_stopped(const options& call) {
+    /// A stop requested while the work ran (BEGIN or the callback) cancels
+    /// the work, even when the callback finished: nothing is committed.
+    static void cancel_if_stopped(const options& call) {
         if (call.stop.stop_requested()) {
             throw work_cancelled();
         }

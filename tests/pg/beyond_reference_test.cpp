@@ -308,13 +308,10 @@ TEST_CASE("no transaction id is forced: read-write work that only reads gets non
 
 /// A gate of one permit over a pool of one connection that goes through a
 /// tcp_proxy, and a scratch table: what the commit-path tests start from.
-struct proxied_gate_setup {
+struct proxied_gate_setup : proxied_gate {
     proxied_gate_setup(const std::string& table_name, const std::string& application_name)
-        : table(table_name, "id int"), pool(proxied_options(proxy, application_name)), gate(pool, 1, 0) {}
-    tcp_proxy proxy = proxy_to_server();
+        : proxied_gate(application_name), table(table_name, "id int") {}
     scratch_table table;
-    bulkhead::pqxx_pool pool;
-    gate_t gate;
 };
 
 TEST_CASE("a read-write COMMIT goes in pipeline mode only after a statement that reported a write", "[pg][commit]") {
@@ -480,6 +477,13 @@ TEST_CASE("a first_statement travels with BEGIN: a one-statement transaction mak
     gate_t::options plain{};
     plain.transaction.read_only = true;
     CHECK(trips_of(plain, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT 41 + 1")[0].as<int>(); }) == 3);
+    // A NUL in it is refused before anything is sent.
+    gate_t::options with_nul = carried;
+    std::string nul_inside = "SELECT 1";
+    nul_inside.append(1, '\0').append("; SELECT 2");
+    with_nul.transaction.first_statement = nul_inside;
+    CHECK_THROWS_WITH(s.gate.transaction(with_nul, [](pqxx::dbtransaction&) { return 0; }),
+                      Catch::Matchers::ContainsSubstring("first_statement must not contain a NUL character"));
     // Asking for a first result the call did not set is a usage error.
     CHECK_THROWS_AS(
         s.gate.transaction(plain, [](pqxx::dbtransaction& tx) { return bulkhead::pqxx_pool::first_result(tx).size(); }),
@@ -519,7 +523,8 @@ TEST_CASE(
     CHECK(gate.available() == 1);
 }
 
-TEST_CASE("a first_statement whose BEGIN never reached the server runs nowhere and is not retried", "[pg][first]") {
+TEST_CASE("[E9] a first_statement whose BEGIN never reached the server runs nowhere and is not retried",
+          "[pg][E9][first]") {
     proxied_gate_setup s("bulkhead_first_lost", "bulkhead-first-lost");
     s.gate.transaction(1s, [](pqxx::dbtransaction& tx) { (void)exec_one_row(tx, "SELECT 1"); });  // open, idle
     s.proxy.arm(tcp_proxy::cut::drop_at_next_query);
@@ -553,7 +558,7 @@ TEST_CASE("a first_statement that runs into the deadline is work_deadline_exceed
     CHECK(gate.available() == 1);
 }
 
-TEST_CASE("a first_statement that ends the transaction block is refused like the callback's", "[pg][first]") {
+TEST_CASE("[E3] a first_statement that ends the transaction block is refused like the callback's", "[pg][E3][first]") {
     one_connection_gate setup("bulkhead-first-commit");
     gate_t& gate = setup.gate;
     gate_t::options call{};
@@ -563,8 +568,10 @@ TEST_CASE("a first_statement that ends the transaction block is refused like the
     CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT 1")[0].as<int>(); }) == 1);
 }
 
-TEST_CASE("a stop request during a first_statement cancels it on the server: work_cancelled, the callback never runs",
-          "[pg][first]") {
+TEST_CASE(
+    "[E5] a stop request during a first_statement cancels it on the server: work_cancelled, the callback never "
+    "runs",
+    "[pg][E5][first]") {
     one_connection_gate setup("bulkhead-first-cancel");
     gate_t& gate = setup.gate;
     auto monitor = outside_connection();

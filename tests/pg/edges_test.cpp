@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <future>
 #include <latch>
 #include <random>
@@ -264,9 +265,20 @@ TEST_CASE("[E5] request_stop returns at once when the cancel cannot get through,
     const int first = gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
     proxy.hold_new(true);  // the cancel's own connection is accepted and never answered
     std::stop_source stop;
-    auto call = std::async(std::launch::async, [&] {
-        gate.transaction({.stop = stop.get_token()}, [](pqxx::dbtransaction& tx) { tx.exec("SELECT pg_sleep(0.6)"); });
-    });
+    gate_t::options call{.stop = stop.get_token()};
+    int runs = 0;
+    std::function<void(pqxx::dbtransaction&)> work;
+    SECTION("a statement of the callback") {
+        work = [&](pqxx::dbtransaction& tx) {
+            ++runs;
+            tx.exec("SELECT pg_sleep(0.6)");
+        };
+    }
+    SECTION("a first_statement, which BEGIN carries") {
+        call.transaction.first_statement = "SELECT pg_sleep(0.6)";
+        work = [&](pqxx::dbtransaction&) { ++runs; };
+    }
+    auto running = std::async(std::launch::async, [&] { gate.transaction(call, work); });
     await_active(monitor, "bulkhead-e5");
     const auto before = clock_type::now();
     stop.request_stop();
@@ -277,8 +289,10 @@ TEST_CASE("[E5] request_stop returns at once when the cancel cannot get through,
     // sanitizer build on a loaded machine. Was: blocked until the cancel was
     // answered (5 s here, a TCP timeout in general).
     CHECK(took < 200ms);
-    CHECK_THROWS_AS(call.get(), bulkhead::work_cancelled);  // the statement ran to its end; nothing committed
-    CHECK(proxy.held() == 1);                               // the cancel really was sent, and is still stuck
+    CHECK_THROWS_AS(running.get(), bulkhead::work_cancelled);  // the statement ran to its end; nothing committed
+    // The callback of a call whose BEGIN carried the statement never starts.
+    CHECK(runs == (call.transaction.first_statement.empty() ? 1 : 0));
+    CHECK(proxy.held() == 1);  // the cancel really was sent, and is still stuck
     CHECK(gate.available() == 1);
     proxy.hold_new(false);
     const int next = gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
@@ -366,6 +380,42 @@ TEST_CASE("[E7] with a deadline the call ends within deadline + slack when the s
         CHECK(clock_type::now() - start < 400ms + 250ms + 400ms);
         proxy.silence(false);
         CHECK(pool.size() == 0);
+    }
+}
+
+TEST_CASE("[E7] a first_statement whose server or network goes silent ends within deadline + slack",
+          "[pg][E7][first]") {
+    gate_t::options call{};
+    call.transaction.first_statement = "SELECT 1";
+    const auto never_runs = [](pqxx::dbtransaction&) { FAIL("the callback ran"); };
+    SECTION("the backend is frozen before the BEGIN that carries it") {
+        auto options = pool_options("bulkhead-e7-first", 1);
+        options.deadline_slack = 250ms;
+        bulkhead::pqxx_pool pool(options);
+        gate_t gate(pool, 1, 0);
+        const int pid = gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
+        frozen_backend frozen(pid);
+        const auto start = clock_type::now();
+        call.deadline = start + 500ms;
+        CHECK_THROWS_AS(gate.transaction(call, never_runs), bulkhead::work_deadline_exceeded);
+        const auto took = clock_type::now() - start;
+        CHECK(took >= 500ms);
+        CHECK(took < 500ms + 250ms + 400ms);
+        frozen.thaw();
+        CHECK(pool.size() == 0);  // discarded
+        CHECK(gate.available() == 1);
+    }
+    SECTION("the network stops forwarding") {
+        proxied_gate s("bulkhead-e7-first-silent", 250ms);
+        (void)s.gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
+        s.proxy.silence(true);
+        const auto start = clock_type::now();
+        call.deadline = start + 400ms;
+        CHECK_THROWS_AS(s.gate.transaction(call, never_runs), bulkhead::work_deadline_exceeded);
+        CHECK(clock_type::now() - start < 400ms + 250ms + 400ms);
+        s.proxy.silence(false);
+        CHECK(s.pool.size() == 0);
+        CHECK(s.gate.available() == 1);
     }
 }
 

@@ -10,6 +10,10 @@
 
 #include "catch.hpp"
 
+#include <bulkhead/db_bulkhead.hpp>
+#include <bulkhead/pqxx_pool.hpp>
+
+#include <chrono>
 #include <csignal>
 #include <regex>
 #include <string>
@@ -50,6 +54,24 @@ inline bulkhead::pqxx_pool_options proxied_options(const tcp_proxy& proxy, const
     options.conninfo = through(proxy);
     return options;
 }
+
+/// A gate of one permit over a pool of one connection that reaches the
+/// server through its own proxy; `deadline_slack` as given.
+struct proxied_gate {
+    explicit proxied_gate(const std::string& application_name,
+                          std::chrono::milliseconds deadline_slack = std::chrono::milliseconds(250))
+        : pool(with_slack(proxied_options(proxy, application_name), deadline_slack)), gate(pool, 1, 0) {}
+    tcp_proxy proxy = proxy_to_server();
+    bulkhead::pqxx_pool pool;
+    bulkhead::db_bulkhead<bulkhead::pqxx_pool> gate;
+
+private:
+    static bulkhead::pqxx_pool_options with_slack(bulkhead::pqxx_pool_options options,
+                                                  std::chrono::milliseconds slack) {
+        options.deadline_slack = slack;
+        return options;
+    }
+};
 
 /// A backend process stopped with SIGSTOP while this lives, continued with
 /// SIGCONT when it goes (or by thaw()). The test process must be allowed to

@@ -98,19 +98,11 @@ struct transaction_control {
     socket_watchdog* watchdog = nullptr;        // the pool's, when a deadline is armed
     socket_watchdog::ticket watch = 0;          // the armed entry, or 0
 
-    /// Before the BEGIN query is sent: one that carries the caller's first
-    /// statement is watched like the callback's statements.
-    void before_begin() noexcept {
-        if (begin_carries_work) {
-            owner->guard.arm();
-        }
-    }
-    void on_begun() noexcept {
-        backend_open = true;
-        if (!owner->guard.armed) {
-            owner->guard.arm();  // from here on the callback's statements run
-        }
-    }
+    /// Before the BEGIN query is sent: from here on the guard watches every
+    /// result, the caller's first statement's when BEGIN carries one (BEGIN's
+    /// and SET's own neither end the block nor write).
+    void before_begin() noexcept { owner->guard.arm(); }
+    void on_begun() noexcept { backend_open = true; }
     void settle_lost_commit(const std::exception& cause);
     /// The answer to xact_id_if_assigned().
     void read_txid(const PGresult& result) noexcept {
@@ -241,15 +233,21 @@ struct first_answer {
     }
 };
 
+/// Sends `sql` as one simple query (a statement, then what follows it: the
+/// reset) and records every answer in `answer`. True when the connection is
+/// still good afterwards.
+inline bool run_recorded(PGconn* connection, const char* sql, first_answer& answer) noexcept {
+    return run_simple_query(connection, sql,
+                            [&](std::size_t index, const PGresult& result) noexcept { answer.record(index, result); });
+}
+
 inline void transaction_control::on_begin_failed() noexcept {
     owner->guard.disarm();
     bool kept = false;
     if (begin_carries_work && !owner->guard.ended && !session_ending(owner->handle) &&
         inside_transaction_block(owner->handle)) {
         first_answer answer;
-        const bool alive =
-            run_simple_query(owner->handle, owner->rollback_statement.c_str(),
-                             [&](std::size_t index, const PGresult& result) noexcept { answer.record(index, result); });
+        const bool alive = run_recorded(owner->handle, owner->rollback_statement.c_str(), answer);
         kept = alive && answer.succeeded && !answer.rest_failed && !inside_transaction_block(owner->handle);
     }
     owner->discard = owner->discard || !kept;
@@ -302,7 +300,7 @@ inline void transaction_control::on_commit(gate_transaction& /*tx*/) {
     };
     bool alive = false;
     if (!track_txid) {
-        alive = run_simple_query(handle, owner->commit_statement.c_str(), record);
+        alive = run_recorded(handle, owner->commit_statement.c_str(), answer);
     } else if (!owner->guard.wrote) {
         alive = run_simple_query(handle, owner->asked_commit_statement.c_str(),
                                  [&](std::size_t index, const PGresult& result) noexcept {
@@ -413,9 +411,7 @@ inline void transaction_control::on_abort(gate_transaction& /*tx*/) {
         return;
     }
     first_answer answer;
-    const bool alive =
-        run_simple_query(owner->handle, owner->rollback_statement.c_str(),
-                         [&](std::size_t index, const PGresult& result) noexcept { answer.record(index, result); });
+    const bool alive = run_recorded(owner->handle, owner->rollback_statement.c_str(), answer);
     try {
         if (!answer.answered || (!answer.succeeded && !alive)) {
             throw pqxx::broken_connection("bulkhead: ROLLBACK failed, the connection was lost: " +
@@ -483,9 +479,7 @@ inline void transaction_control::rollback(gate_transaction& tx) {
     }
     if (statement != nullptr) {
         first_answer answer;
-        const bool alive =
-            run_simple_query(control.owner->handle, statement,
-                             [&](std::size_t index, const PGresult& result) noexcept { answer.record(index, result); });
+        const bool alive = run_recorded(control.owner->handle, statement, answer);
         control.backend_open = control.backend_open && inside_transaction_block(control.owner->handle);
         control.reset_pending = false;
         if (!alive || !answer.succeeded || answer.rest_failed) {
