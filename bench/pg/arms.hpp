@@ -26,6 +26,7 @@
 
 #include <sys/resource.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -65,6 +66,9 @@ enum class workload : std::uint8_t {
     sleep,       ///< SELECT pg_sleep(0.002): the database is the bottleneck
     tpcb,        ///< pgbench's TPC-B-like transaction: three UPDATEs, a SELECT, an INSERT
 };
+
+inline constexpr std::array<workload, 4> all_workloads = {workload::select1, workload::read_write, workload::sleep,
+                                                          workload::tpcb};
 
 [[nodiscard]] constexpr std::string_view name(workload kind) noexcept {
     switch (kind) {
@@ -313,12 +317,19 @@ struct gate_settings {
     /// SELECT 1 only: BEGIN carries the statement (transaction_options::first_statement)
     /// and the callback reads its result: two round trips instead of three.
     bool first_statement = false;
-    int workers = 256;  ///< open-loop workers (callers)
+    bool reset_session = true;  ///< the pool's option: the session reset after every transaction
+    int workers = 256;          ///< open-loop workers (callers)
     /// Reads the thread's context switches around each call (two system
     /// calls, outside the timed part) to tell a slow rejection from one that
     /// was preempted or slept.
     bool track_preemption = false;
 };
+
+/// `options` with reset_session off when `off`.
+inline bulkhead::pqxx_pool_options without_reset(bulkhead::pqxx_pool_options options, bool off) {
+    options.reset_session = options.reset_session && !off;
+    return options;
+}
 
 /// (c) The gate in front of the pool.
 class gate_arm final : public arm {
@@ -326,7 +337,7 @@ public:
     gate_arm(const std::string& conninfo, workload kind, const gate_settings& settings)
         : m_kind(kind),
           m_settings(settings),
-          m_pool(pool_settings(conninfo, settings.concurrent, 1000ms)),
+          m_pool(without_reset(pool_settings(conninfo, settings.concurrent, 1000ms), !settings.reset_session)),
           m_gate(m_pool, settings.concurrent, settings.extra_slots) {}
 
     [[nodiscard]] std::string label() const override { return m_settings.name; }

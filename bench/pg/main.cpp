@@ -2,7 +2,7 @@
 // "PostgreSQL load").
 //
 //   bulkhead_pg_bench [--conninfo CONNINFO] [--prefix PATH] [--quick] [--only PARTS]
-//   bulkhead_pg_bench [--conninfo CONNINFO] --profile ARM CALLS
+//   bulkhead_pg_bench [--conninfo CONNINFO] --profile ARM CALLS [WORKLOAD]
 //
 // CONNINFO defaults to $BULKHEAD_TEST_DATABASE (scripts/bench starts a
 // throwaway server and passes its own). Results go to PATH-*.csv and PATH.md
@@ -12,8 +12,8 @@
 // roundtrips, closed, open, probe, storm, spike, cpu. The whole plan takes
 // about five minutes. It drops and recreates the tables bench_accounts,
 // bench_branches, bench_tellers and bench_history in the database.
-// --profile runs CALLS SELECT 1 calls of one arm on one connection, for a
-// profiler.
+// --profile runs CALLS calls of one arm on one connection, for a profiler:
+// SELECT 1, or WORKLOAD (select1, read_write, sleep, tpcb).
 //
 // The plan, in order:
 //   1. round trips: each arm, one connection, sequential calls through a
@@ -242,8 +242,8 @@ std::unique_ptr<arm> make_arm(const settings& config, const std::string& conninf
     // "-rw": read-write (the pool's default); "-untracked": with
     // resolve_commit_outcome off; "-nodl": without a deadline (no watchdog,
     // no SET LOCAL statement_timeout); "-first": BEGIN carries the SELECT 1
-    // (first_statement). "gate-rw-nodl" is the gate with the pool's default
-    // transaction options.
+    // (first_statement); "-noreset": the pool's reset_session off.
+    // "gate-rw-nodl" is the gate with the pool's default options.
     const auto has = [&](std::string_view part) { return which.find(part) != std::string::npos; };
     gate_settings gate{
         .name = which,
@@ -254,6 +254,7 @@ std::unique_ptr<arm> make_arm(const settings& config, const std::string& conninf
         .read_only = !has("-rw") && is_read_only(kind),
         .resolve_commit_outcome = !has("-untracked"),
         .first_statement = has("-first") && kind == workload::select1,
+        .reset_session = !has("-noreset"),
         .workers = config.many_workers,
         .track_preemption = track_preemption};
     return std::make_unique<gate_arm>(conninfo, kind, gate);
@@ -397,53 +398,105 @@ struct statement_row {
 /// the difference between the arms. Needs /proc of the server's backend.
 constexpr int statement_reps = 7;
 
+/// How a sequence's call ends: its last statement like the others, or the
+/// pipelined COMMIT of a transaction that wrote (the id question, a Flush,
+/// COMMIT and the reset), with the reset's statements parsed at each commit
+/// or prepared once (what the pool does).
+enum class commit_tail : std::uint8_t { simple, pipelined_unnamed, pipelined_prepared };
+
 std::vector<statement_row> run_statement_costs(const settings& config) {
     // The gate's statements as the pool builds them (protocol.hpp), sent as
-    // plain simple queries; the tracked read-write COMMIT goes in pipeline
-    // mode and is not among them.
-    const std::string commit_and_reset = bulkhead::detail::one_query(bulkhead::detail::reset_steps("COMMIT", ""));
-    const std::vector<std::tuple<std::string, std::vector<std::string>>> sequences = {
-        {"raw libpqxx (pqxx::work)", {"BEGIN", "SELECT 1", "COMMIT"}},
-        {"gate, read-only, no deadline",
-         {"BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY", "SELECT 1", commit_and_reset}},
-        {"gate, read-only, deadline",
-         {"BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY; SET LOCAL statement_timeout = 99", "SELECT 1",
-          commit_and_reset}},
-        {"gate, read-only, no deadline, reset_session = false",
-         {"BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY", "SELECT 1", "COMMIT"}},
-    };
+    // plain simple queries or, for the pipelined COMMIT, through the pool's
+    // own pipeline function.
+    const std::vector<std::string> commit_steps = bulkhead::detail::reset_steps("COMMIT", "");
     pqxx::connection connection(with_field(config.conninfo, "application_name", bench_application_name));
     const long backend = connection.backendpid();
     if (process_cpu_ns(backend) < 0) {
         progress("statement costs: cannot read the backend's CPU time (remote server?); skipped");
         return {};
     }
+    PGconn* const handle = bulkhead::detail::pqxx_compat::native_handle(connection);
+    const std::string commit_and_reset = bulkhead::detail::one_query(commit_steps);
+    const std::string begin = "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY";
+    const std::string begin_rw = "BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE";
+    const std::string question = bulkhead::detail::xact_id_if_assigned(PQserverVersion(handle));
+    struct sequence {
+        std::string label;
+        std::vector<std::string> statements;
+        commit_tail tail = commit_tail::simple;
+    };
+    const std::vector<sequence> sequences = {
+        {"raw libpqxx (pqxx::work)", {"BEGIN", "SELECT 1", "COMMIT"}},
+        {"gate, read-only, no deadline", {begin, "SELECT 1", commit_and_reset}},
+        {"gate, read-only, deadline", {begin + "; SET LOCAL statement_timeout = 99", "SELECT 1", commit_and_reset}},
+        {"gate, read-only, no deadline, reset_session = false", {begin, "SELECT 1", "COMMIT"}},
+        {"gate, read-write, untracked", {begin_rw, "SELECT 1", commit_and_reset}},
+        {"gate, read-write, nothing written: the id question ahead of COMMIT",
+         {begin_rw, "SELECT 1", question + "; " + commit_and_reset}},
+        {"gate, read-write after a write: pipelined COMMIT, reset parsed each time",
+         {begin_rw, "SELECT 1"},
+         commit_tail::pipelined_unnamed},
+        {"gate, read-write after a write: pipelined COMMIT, reset prepared (the pool)",
+         {begin_rw, "SELECT 1"},
+         commit_tail::pipelined_prepared},
+    };
+    std::vector<bulkhead::detail::pipeline_step> steps;
+    for (std::size_t index = 0; index < commit_steps.size(); ++index) {
+        steps.push_back({commit_steps[index], index == 0 ? "" : bulkhead::detail::prepared_step_name(index)});
+    }
+    bool pipelines = false;
+#if defined(LIBPQ_HAS_PIPELINING)
+    pipelines = bulkhead::detail::pipeline_usable() && bulkhead::detail::prepare_steps(handle, steps);
+#endif
     const int calls = static_cast<int>(2000 * config.scale);
     std::map<std::string, std::vector<double>> server, client;
     pqxx::nontransaction tx(connection);
+    const auto one_call = [&](const sequence& each) {
+        for (const std::string& statement : each.statements) {
+            (void)tx.exec(statement);
+        }
+#if defined(LIBPQ_HAS_PIPELINING)
+        if (each.tail != commit_tail::simple) {
+            const auto ignore = [](const PGresult&) noexcept {};
+            const auto ignore_rest = [](std::size_t, const PGresult&) noexcept {};
+            if (!bulkhead::detail::run_pipeline(handle, question.c_str(), steps,
+                                                each.tail == commit_tail::pipelined_prepared, ignore, ignore_rest)) {
+                throw std::runtime_error("statement costs: the pipelined COMMIT failed");
+            }
+        }
+#endif
+    };
     for (int rep = 0; rep < statement_reps; ++rep) {
-        for (const auto& [label, statements] : sequences) {
+        for (const sequence& each : sequences) {
+            if (each.tail != commit_tail::simple && !pipelines) {
+                continue;
+            }
             for (int i = 0; i < 100; ++i) {
-                for (const std::string& statement : statements) {
-                    (void)tx.exec(statement);
-                }
+                one_call(each);
             }
             const std::int64_t server_before = process_cpu_ns(backend);
             const std::int64_t client_before = thread_cpu_ns();
             for (int i = 0; i < calls; ++i) {
-                for (const std::string& statement : statements) {
-                    (void)tx.exec(statement);
-                }
+                one_call(each);
             }
-            server[label].push_back(static_cast<double>(process_cpu_ns(backend) - server_before) / calls / 1e3);
-            client[label].push_back(static_cast<double>(thread_cpu_ns() - client_before) / calls / 1e3);
+            server[each.label].push_back(static_cast<double>(process_cpu_ns(backend) - server_before) / calls / 1e3);
+            client[each.label].push_back(static_cast<double>(thread_cpu_ns() - client_before) / calls / 1e3);
         }
     }
     std::vector<statement_row> rows;
-    for (const auto& [label, statements] : sequences) {
+    for (const auto& [label, statements, tail] : sequences) {
+        if (server[label].empty()) {
+            continue;
+        }
         std::string sent;
         for (const std::string& statement : statements) {
             sent += (sent.empty() ? "`" : " / `") + statement + "`";
+        }
+        if (tail != commit_tail::simple) {
+            sent += " / pipeline: `" + question + "`, Flush, " +
+                    (tail == commit_tail::pipelined_prepared ? "`COMMIT`, the reset's statements by name"
+                                                             : "`COMMIT`, the reset's statements") +
+                    ", Sync";
         }
         rows.push_back({label, sent, median(server[label]), median(client[label])});
         progress("statement costs: %-55s server CPU %.1f us per call", label.c_str(), rows.back().server_cpu_us);
@@ -1015,8 +1068,8 @@ int run(const settings& config) {
         // Short runs, many repetitions, arms interleaved: each ratio compares
         // neighbouring runs, which a shared machine's drift affects alike.
         for (int rep = 1; rep <= 5; ++rep) {
-            for (const char* which :
-                 {"raw", "gate", "gate-nodl", "gate-first", "gate-rw", "gate-rw-nodl", "gate-rw-untracked", "pool"}) {
+            for (const char* which : {"raw", "gate", "gate-nodl", "gate-first", "gate-rw", "gate-rw-nodl",
+                                      "gate-rw-untracked", "gate-rw-nodl-noreset", "pool"}) {
                 closed.push_back(run_closed(config, monitor, workload::select1, which, threads, rep, 1.25));
             }
         }
@@ -1028,7 +1081,7 @@ int run(const settings& config) {
         }
         closed.push_back(run_closed(config, monitor, workload::read_write, "pool-many", config.many_closed, 1, 2.0));
         for (int rep = 1; rep <= 4; ++rep) {
-            for (const char* which : {"raw", "gate-rw", "gate-rw-nodl", "gate-rw-untracked"}) {
+            for (const char* which : {"raw", "gate-rw", "gate-rw-nodl", "gate-rw-untracked", "gate-rw-nodl-noreset"}) {
                 closed.push_back(run_closed(config, monitor, workload::tpcb, which, threads, rep, 1.25));
             }
         }
@@ -1435,6 +1488,15 @@ int run(const settings& config) {
             format("- Commit-outcome tracking on a read-write SELECT 1 (no id assigned): gate-rw / gate-rw-untracked "
                    "throughput %s against >= 0.95: %s.",
                    number(tracking, 3).c_str(), verdict(tracking >= 0.95).c_str()));
+        line(
+            format("- Commit-outcome tracking on tpcb (writes: the pipelined COMMIT): gate-rw / gate-rw-untracked "
+                   "throughput %s (the cost of resolving a lost COMMIT; no goal).",
+                   number(ratio_between(workload::tpcb, "gate-rw", "gate-rw-untracked"), 3).c_str()));
+        line(
+            format("- The session reset (reset_session): gate-rw-nodl / gate-rw-nodl-noreset throughput %s on "
+                   "SELECT 1, %s on tpcb (what the reset's six statements cost; no goal).",
+                   number(ratio_between(workload::select1, "gate-rw-nodl", "gate-rw-nodl-noreset"), 3).c_str(),
+                   number(ratio_between(workload::tpcb, "gate-rw-nodl", "gate-rw-nodl-noreset"), 3).c_str()));
         line(format("- Round trips per call: gate %s, raw %s; server transactions per call: gate %s, raw %s: %s.",
                     number(gate_trips, 2).c_str(), number(raw_trips, 2).c_str(), number(gate_xact, 2).c_str(),
                     number(raw_xact, 2).c_str(),
@@ -1519,11 +1581,14 @@ std::string utc_stamp() {
     return text;
 }
 
-/// --profile: `calls` SELECT 1 calls of one arm on one connection, one after
+/// --profile: `calls` calls of `kind` by one arm on one connection, one after
 /// another, for a profiler (valgrind --tool=callgrind, perf record): run it
 /// with two call counts and subtract to get the cost of one call.
-int profile(const settings& config, const std::string& which, int calls) {
-    const std::unique_ptr<arm> target = make_arm(config, config.conninfo, which, workload::select1, 1);
+int profile(const settings& config, const std::string& which, int calls, workload kind) {
+    if (!is_read_only(kind)) {
+        prepare_database(config.conninfo);
+    }
+    const std::unique_ptr<arm> target = make_arm(config, config.conninfo, which, kind, 1);
     std::mt19937_64 random(42);
     for (int i = 0; i < 200; ++i) {
         (void)target->call(0, clock::now(), api::try_api, random);
@@ -1533,7 +1598,8 @@ int profile(const settings& config, const std::string& which, int calls) {
     for (int i = 0; i < calls; ++i) {
         (void)target->call(0, clock::now(), api::try_api, random);
     }
-    std::printf("%s: %d calls, %.1f us per call, client CPU %.2f us per call\n", which.c_str(), calls,
+    std::printf("%s, %s: %d calls, %.1f us per call, client CPU %.2f us per call\n", which.c_str(),
+                std::string(name(kind)).c_str(), calls,
                 static_cast<double>(nanoseconds_between(began, clock::now())) / calls / 1e3,
                 static_cast<double>(thread_cpu_ns() - cpu_before) / calls / 1e3);
     return 0;
@@ -1542,8 +1608,10 @@ int profile(const settings& config, const std::string& which, int calls) {
 int usage() {
     std::fputs(
         "usage: bulkhead_pg_bench [--conninfo CONNINFO] [--prefix PATH] [--quick] [--only PARTS]\n"
+        "       bulkhead_pg_bench [--conninfo CONNINFO] --profile ARM CALLS [WORKLOAD]\n"
         "  CONNINFO defaults to $BULKHEAD_TEST_DATABASE; PATH to bench/results/pg-<UTC time>;\n"
-        "  PARTS: comma-separated, of roundtrips,closed,open,probe,storm,spike,cpu (default: all)\n",
+        "  PARTS: comma-separated, of roundtrips,closed,open,probe,storm,spike,cpu (default: all)\n"
+        "  WORKLOAD: select1 (default), read_write, sleep, tpcb\n",
         stderr);
     return 2;
 }
@@ -1556,6 +1624,7 @@ int main(int argc, char** argv) {
     settings config;
     std::string profile_arm;
     int profile_calls = 0;
+    workload profile_kind = workload::select1;
     for (int i = 1; i < argc; ++i) {
         const std::string argument = argv[i];
         if (argument == "--conninfo" && i + 1 < argc) {
@@ -1567,6 +1636,16 @@ int main(int argc, char** argv) {
         } else if (argument == "--profile" && i + 2 < argc) {
             profile_arm = argv[++i];
             profile_calls = std::atoi(argv[++i]);
+            if (i + 1 < argc && argv[i + 1][0] != '-') {
+                const std::string_view wanted = argv[++i];
+                const auto named = std::find_if(std::begin(all_workloads), std::end(all_workloads),
+                                                [&](workload kind) { return name(kind) == wanted; });
+                if (named == std::end(all_workloads)) {
+                    std::fprintf(stderr, "bulkhead_pg_bench: --profile: no workload named '%s'\n", argv[i]);
+                    return usage();
+                }
+                profile_kind = *named;
+            }
         } else if (argument == "--only" && i + 1 < argc) {
             std::string parts = argv[++i];
             for (std::size_t from = 0; from <= parts.size();) {
@@ -1592,7 +1671,7 @@ int main(int argc, char** argv) {
     }
     try {
         if (!profile_arm.empty()) {
-            return profile(config, profile_arm, profile_calls);
+            return profile(config, profile_arm, profile_calls, profile_kind);
         }
         return run(config);
     } catch (const std::exception& failure) {

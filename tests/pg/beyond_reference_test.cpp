@@ -314,6 +314,15 @@ struct proxied_gate_setup : proxied_gate {
     scratch_table table;
 };
 
+/// A gate of one permit over a pool of one connection, whose sessions show
+/// `application_name` in pg_stat_activity.
+struct one_connection_gate {
+    explicit one_connection_gate(const std::string& application_name)
+        : pool(pool_options(application_name, 1)), gate(pool, 1, 0) {}
+    bulkhead::pqxx_pool pool;
+    gate_t gate;
+};
+
 TEST_CASE("a read-write COMMIT goes in pipeline mode only after a statement that reported a write", "[pg][commit]") {
     proxied_gate_setup s("bulkhead_commit_path", "bulkhead-commit-path");
     const auto commit_of = [&](const std::function<void(pqxx::dbtransaction&)>& work) {
@@ -341,6 +350,71 @@ TEST_CASE("a read-write COMMIT goes in pipeline mode only after a statement that
           })) == "pipelined");
     CHECK(s.table.rows() == 1);
     CHECK(s.gate.available() == 1);
+}
+
+TEST_CASE(
+    "the reset after a pipelined COMMIT runs statements prepared once per connection, and a DEALLOCATE loses nothing",
+    "[pg][commit][session]") {
+    scratch_table table("bulkhead_commit_prepared", "id int");
+    const std::string insert = "INSERT INTO " + table.name() + " VALUES (1)";
+    const auto prepared_steps = [](pqxx::dbtransaction& tx) {
+        return exec_one_row(tx,
+                            "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'bulkhead_after_commit_%'")[0]
+            .as<int>();
+    };
+    const auto backend = [](pqxx::dbtransaction& tx) {
+        return exec_one_row(tx, "SELECT pg_backend_pid()")[0].as<int>();
+    };
+    const int reset_statements = static_cast<int>(bulkhead::detail::session_reset_steps.size());
+
+    one_connection_gate seen("bulkhead-commit-prepared");
+    const int pid = seen.gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
+        exec_no_rows(tx, insert);
+        CHECK(prepared_steps(tx) == reset_statements);  // prepared when the connection was opened
+        return backend(tx);
+    });
+    // A DEALLOCATE the guard sees: COMMIT and the reset go by their text, the
+    // write commits, the session is reset, and the connection stays.
+    seen.gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
+        exec_no_rows(tx, insert);
+        exec_no_rows(tx, "DEALLOCATE ALL");
+        exec_no_rows(tx, "SET search_path = pg_catalog");
+    });
+    CHECK(table.rows() == 2);
+    for (int call = 0; call < 2; ++call) {
+        const int now_pid = seen.gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
+            exec_no_rows(tx, insert);
+            CHECK(prepared_steps(tx) == 0);
+            CHECK(exec_one_row(tx, "SHOW search_path")[0].as<std::string>() != "pg_catalog");
+            return backend(tx);
+        });
+        CHECK(now_pid == pid);
+    }
+    CHECK(table.rows() == 4);
+
+    // One no tag shows (a function's): the write commits, the reset fails on
+    // the missing statement, the connection is replaced, and the pool stops
+    // preparing (what a pooler in transaction mode would cause on every call).
+    one_connection_gate hidden("bulkhead-commit-prepared-hidden");
+    const int first_pid = hidden.gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
+        exec_no_rows(tx, insert);
+        exec_no_rows(tx, "DO $$ BEGIN EXECUTE 'DEALLOCATE ALL'; END $$");
+        return backend(tx);
+    });
+    CHECK(table.rows() == 5);
+    int next_pid = 0;
+    for (int call = 0; call < 2; ++call) {
+        const int now_pid = hidden.gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
+            exec_no_rows(tx, insert);
+            CHECK(prepared_steps(tx) == 0);
+            return backend(tx);
+        });
+        CHECK(now_pid != first_pid);
+        CHECK((call == 0 || now_pid == next_pid));  // the replacement is kept
+        next_pid = now_pid;
+    }
+    CHECK(table.rows() == 7);
+    CHECK(hidden.gate.available() == 1);
 }
 
 TEST_CASE("a write no command tag shows is resolved when the id's answer arrives, and commit_unknown when it is lost",
@@ -453,15 +527,6 @@ TEST_CASE("a lease used directly is checked on return without a round trip, rese
 
 // --- 5. BEGIN carries the first statement -----------------------------------------------
 
-/// A gate of one permit over a pool of one connection, whose sessions show
-/// `application_name` in pg_stat_activity.
-struct one_connection_gate {
-    explicit one_connection_gate(const std::string& application_name)
-        : pool(pool_options(application_name, 1)), gate(pool, 1, 0) {}
-    bulkhead::pqxx_pool pool;
-    gate_t gate;
-};
-
 TEST_CASE("a first_statement travels with BEGIN: a one-statement transaction makes two round trips", "[pg][first]") {
     proxied_gate_setup s("bulkhead_first_trips", "bulkhead-first-trips");
     gate_t::options carried{};
@@ -472,6 +537,8 @@ TEST_CASE("a first_statement travels with BEGIN: a one-statement transaction mak
         CHECK(s.gate.transaction(call, work) == 42);
         return s.proxy.queries() - before;
     };
+    // Opening the connection (its setup has round trips of its own) is not counted.
+    CHECK(s.gate.transaction(carried, [](pqxx::dbtransaction&) { return 42; }) == 42);
     CHECK(trips_of(carried,
                    [](pqxx::dbtransaction& tx) { return bulkhead::pqxx_pool::first_result(tx)[0][0].as<int>(); }) == 2);
     gate_t::options plain{};

@@ -544,16 +544,13 @@ private:
                 pqxx::nontransaction read(*record->connection);
                 restore = read.exec(session_settings_query).at(0).at(0).c_str();
             }
-            if (m_options.reset_session) {
-                record->commit_steps = reset_steps("COMMIT", restore);
-                record->rollback_statement = one_query(reset_steps("ROLLBACK", restore));
-                record->reset_statement = one_query(reset_steps("", restore));
-            } else {
-                record->commit_steps = {"COMMIT"};
-                record->rollback_statement = "ROLLBACK";
-                record->reset_statement.clear();
-            }
-            record->commit_statement = one_query(record->commit_steps);
+            const std::vector<std::string> commit_steps =
+                m_options.reset_session ? reset_steps("COMMIT", restore) : std::vector<std::string>{"COMMIT"};
+            record->commit_statement = one_query(commit_steps);
+            record->rollback_statement =
+                m_options.reset_session ? one_query(reset_steps("ROLLBACK", restore)) : "ROLLBACK";
+            record->reset_statement = m_options.reset_session ? one_query(reset_steps("", restore)) : "";
+            prepare_commit_pipeline(*record, commit_steps);
             record->asked_commit_statement =
                 std::string(xact_id_if_assigned(record->server_version)).append("; ").append(record->commit_statement);
             record->opened_at = clock::now();
@@ -588,6 +585,27 @@ private:
         m_retry_at = now + m_backoff;
         wake_oldest_locked();  // it adopts the back-off (or opens, once it is over)
         return nullptr;
+    }
+
+    /// The pipelined COMMIT's steps of a new connection (`steps`: COMMIT,
+    /// then the reset), those after COMMIT prepared on it where pipeline mode
+    /// is usable and the pool has not found prepared steps lost: a reset of
+    /// unnamed statements costs the server a parse of each at every commit.
+    /// Throws when the connection broke meanwhile.
+    void prepare_commit_pipeline(pooled_connection& record, const std::vector<std::string>& steps) const {
+        record.prepared_steps_kept = m_prepared_steps_kept;
+        record.commit_steps.clear();
+        for (std::size_t index = 0; index < steps.size(); ++index) {
+            record.commit_steps.push_back({steps[index], index == 0 ? std::string() : prepared_step_name(index)});
+        }
+#if defined(LIBPQ_HAS_PIPELINING)
+        if (steps.size() > 1 && pipeline_usable() && m_prepared_steps_kept->load(std::memory_order_relaxed)) {
+            record.steps_prepared = prepare_steps(record.handle, record.commit_steps);
+            if (PQstatus(record.handle) != CONNECTION_OK || PQpipelineStatus(record.handle) != PQ_PIPELINE_OFF) {
+                throw std::runtime_error("bulkhead::pqxx_pool: the new connection broke while it was being set up");
+            }
+        }
+#endif
     }
 
     /// Outside the mutex, for a connection just taken from the idle list:
@@ -695,8 +713,11 @@ private:
     const pqxx_pool_options m_options;         // immutable after construction
     const connect_target m_target;             // immutable after construction
     const std::vector<std::string> m_secrets;  // immutable after construction: passwords to scrub
-    socket_watchdog m_watchdog;                // cuts off connections past their call's deadline
-    std::atomic<bool> m_hooks_off{false};      // set by shut_down(): on_connect and on_close are no longer called
+    // Whether new connections prepare the pipelined COMMIT's steps
+    // (prepare_commit_pipeline); shared with the connections, which clear it.
+    const std::shared_ptr<std::atomic<bool>> m_prepared_steps_kept = std::make_shared<std::atomic<bool>>(true);
+    socket_watchdog m_watchdog;            // cuts off connections past their call's deadline
+    std::atomic<bool> m_hooks_off{false};  // set by shut_down(): on_connect and on_close are no longer called
 
     mutable std::mutex m_mutex;
     std::vector<std::unique_ptr<pooled_connection>> m_idle;        // guarded by m_mutex; most recently returned last
