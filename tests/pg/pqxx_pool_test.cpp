@@ -534,6 +534,43 @@ TEST_CASE("a lease used directly and returned outside any transaction keeps its 
     CHECK(backend_pid(lease) == first);
 }
 
+TEST_CASE("a thread gets back the idle connection it used last, another the most recently returned one", "[pg][pool]") {
+    bulkhead::pqxx_pool_options options = options_for("affinity");
+    options.max_size = 2;
+    bulkhead::pqxx_pool pool(options);
+    int mine = 0;
+    int theirs = 0;
+    {
+        std::optional<bulkhead::pqxx_pool::lease> held(pool.acquire());
+        mine = backend_pid(*held);
+        std::latch mine_returned(1);
+        std::thread other([&] {
+            auto lease = pool.acquire();  // a second connection: the first is held
+            theirs = backend_pid(lease);
+            mine_returned.wait();  // returned after mine: the most recent idle one
+        });
+        held.reset();
+        mine_returned.count_down();
+        other.join();
+    }
+    REQUIRE(mine != theirs);
+    REQUIRE(pool.idle() == 2);
+    const auto next_pid = [&] {
+        auto lease = pool.acquire();
+        return backend_pid(lease);
+    };
+    // A thread that used neither: the most recently returned.
+    int newcomer = 0;
+    std::thread([&] { newcomer = next_pid(); }).join();
+    CHECK(newcomer == theirs);
+    // This thread: its own, though the other was returned after it.
+    CHECK(next_pid() == mine);
+    // Its own in use: the other one.
+    auto own = pool.acquire();
+    CHECK(backend_pid(own) == mine);
+    CHECK(next_pid() == theirs);
+}
+
 TEST_CASE("max_lifetime retires a connection when it is next seen", "[pg][pool]") {
     admin_session admin;
     bulkhead::pqxx_pool_options options = options_for("lifetime");

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace bulkhead::detail {
@@ -52,6 +53,9 @@ struct pooled_connection {
     // steps_prepared (a Bind and an Execute each, no parse per commit).
     std::vector<pipeline_step> commit_steps;
     bool steps_prepared = false;
+    // The thread that borrowed it last: it gets this one back first when it
+    // is idle (pool_core::take_idle_locked).
+    std::thread::id last_borrower;
     // The pool's: false once a prepared step was found missing (a pooler in
     // transaction mode, which does not keep them; a DEALLOCATE inside a
     // function): from then on no connection of the pool uses them.
