@@ -317,17 +317,20 @@ struct gate_settings {
     /// SELECT 1 only: BEGIN carries the statement (transaction_options::first_statement)
     /// and the callback reads its result: two round trips instead of three.
     bool first_statement = false;
-    bool reset_session = true;  ///< the pool's option: the session reset after every transaction
-    int workers = 256;          ///< open-loop workers (callers)
+    bool reset_session = true;        ///< the pool's option: the session reset after every transaction
+    bool connection_affinity = true;  ///< the pool's option: a thread gets back the connection it used last
+    int workers = 256;                ///< open-loop workers (callers)
     /// Reads the thread's context switches around each call (two system
     /// calls, outside the timed part) to tell a slow rejection from one that
     /// was preempted or slept.
     bool track_preemption = false;
 };
 
-/// `options` with reset_session off when `off`.
-inline bulkhead::pqxx_pool_options without_reset(bulkhead::pqxx_pool_options options, bool off) {
-    options.reset_session = options.reset_session && !off;
+/// `options` with the gate arm's choices of the pool's options.
+inline bulkhead::pqxx_pool_options with_choices(bulkhead::pqxx_pool_options options, bool reset_session,
+                                                bool connection_affinity) {
+    options.reset_session = reset_session;
+    options.connection_affinity = connection_affinity;
     return options;
 }
 
@@ -337,7 +340,8 @@ public:
     gate_arm(const std::string& conninfo, workload kind, const gate_settings& settings)
         : m_kind(kind),
           m_settings(settings),
-          m_pool(without_reset(pool_settings(conninfo, settings.concurrent, 1000ms), !settings.reset_session)),
+          m_pool(with_choices(pool_settings(conninfo, settings.concurrent, 1000ms), settings.reset_session,
+                              settings.connection_affinity)),
           m_gate(m_pool, settings.concurrent, settings.extra_slots) {}
 
     [[nodiscard]] std::string label() const override { return m_settings.name; }

@@ -242,7 +242,8 @@ std::unique_ptr<arm> make_arm(const settings& config, const std::string& conninf
     // "-rw": read-write (the pool's default); "-untracked": with
     // resolve_commit_outcome off; "-nodl": without a deadline (no watchdog,
     // no SET LOCAL statement_timeout); "-first": BEGIN carries the SELECT 1
-    // (first_statement); "-noreset": the pool's reset_session off.
+    // (first_statement); "-noreset": the pool's reset_session off;
+    // "-noaffinity": its connection_affinity off.
     // "gate-rw-nodl" is the gate with the pool's default options.
     const auto has = [&](std::string_view part) { return which.find(part) != std::string::npos; };
     gate_settings gate{
@@ -255,6 +256,7 @@ std::unique_ptr<arm> make_arm(const settings& config, const std::string& conninf
         .resolve_commit_outcome = !has("-untracked"),
         .first_statement = has("-first") && kind == workload::select1,
         .reset_session = !has("-noreset"),
+        .connection_affinity = !has("-noaffinity"),
         .workers = config.many_workers,
         .track_preemption = track_preemption};
     return std::make_unique<gate_arm>(conninfo, kind, gate);
@@ -400,9 +402,8 @@ constexpr int statement_reps = 7;
 
 /// How a sequence's call ends: its last statement like the others, or the
 /// pipelined COMMIT of a transaction that wrote (the id question, a Flush,
-/// COMMIT and the reset), with the reset's statements parsed at each commit
-/// or prepared once (what the pool does).
-enum class commit_tail : std::uint8_t { simple, pipelined_unnamed, pipelined_prepared };
+/// COMMIT and the reset, one extended-protocol statement each).
+enum class commit_tail : std::uint8_t { simple, pipelined };
 
 std::vector<statement_row> run_statement_costs(const settings& config) {
     // The gate's statements as the pool builds them (protocol.hpp), sent as
@@ -433,20 +434,11 @@ std::vector<statement_row> run_statement_costs(const settings& config) {
         {"gate, read-write, untracked", {begin_rw, "SELECT 1", commit_and_reset}},
         {"gate, read-write, nothing written: the id question ahead of COMMIT",
          {begin_rw, "SELECT 1", question + "; " + commit_and_reset}},
-        {"gate, read-write after a write: pipelined COMMIT, reset parsed each time",
-         {begin_rw, "SELECT 1"},
-         commit_tail::pipelined_unnamed},
-        {"gate, read-write after a write: pipelined COMMIT, reset prepared (the pool)",
-         {begin_rw, "SELECT 1"},
-         commit_tail::pipelined_prepared},
+        {"gate, read-write after a write: the pipelined COMMIT", {begin_rw, "SELECT 1"}, commit_tail::pipelined},
     };
-    std::vector<bulkhead::detail::pipeline_step> steps;
-    for (std::size_t index = 0; index < commit_steps.size(); ++index) {
-        steps.push_back({commit_steps[index], index == 0 ? "" : bulkhead::detail::prepared_step_name(index)});
-    }
     bool pipelines = false;
 #if defined(LIBPQ_HAS_PIPELINING)
-    pipelines = bulkhead::detail::pipeline_usable() && bulkhead::detail::prepare_steps(handle, steps);
+    pipelines = bulkhead::detail::pipeline_usable();
 #endif
     const int calls = static_cast<int>(2000 * config.scale);
     std::map<std::string, std::vector<double>> server, client;
@@ -459,8 +451,7 @@ std::vector<statement_row> run_statement_costs(const settings& config) {
         if (each.tail != commit_tail::simple) {
             const auto ignore = [](const PGresult&) noexcept {};
             const auto ignore_rest = [](std::size_t, const PGresult&) noexcept {};
-            if (!bulkhead::detail::run_pipeline(handle, question.c_str(), steps,
-                                                each.tail == commit_tail::pipelined_prepared, ignore, ignore_rest)) {
+            if (!bulkhead::detail::run_pipeline(handle, question.c_str(), commit_steps, ignore, ignore_rest)) {
                 throw std::runtime_error("statement costs: the pipelined COMMIT failed");
             }
         }
@@ -493,10 +484,7 @@ std::vector<statement_row> run_statement_costs(const settings& config) {
             sent += (sent.empty() ? "`" : " / `") + statement + "`";
         }
         if (tail != commit_tail::simple) {
-            sent += " / pipeline: `" + question + "`, Flush, " +
-                    (tail == commit_tail::pipelined_prepared ? "`COMMIT`, the reset's statements by name"
-                                                             : "`COMMIT`, the reset's statements") +
-                    ", Sync";
+            sent += " / pipeline: `" + question + "`, Flush, `COMMIT`, the reset's statements, Sync";
         }
         rows.push_back({label, sent, median(server[label]), median(client[label])});
         progress("statement costs: %-55s server CPU %.1f us per call", label.c_str(), rows.back().server_cpu_us);
@@ -1069,7 +1057,7 @@ int run(const settings& config) {
         // neighbouring runs, which a shared machine's drift affects alike.
         for (int rep = 1; rep <= 5; ++rep) {
             for (const char* which : {"raw", "gate", "gate-nodl", "gate-first", "gate-rw", "gate-rw-nodl",
-                                      "gate-rw-untracked", "gate-rw-nodl-noreset", "pool"}) {
+                                      "gate-rw-untracked", "gate-rw-nodl-noreset", "gate-rw-nodl-noaffinity", "pool"}) {
                 closed.push_back(run_closed(config, monitor, workload::select1, which, threads, rep, 1.25));
             }
         }
@@ -1081,7 +1069,8 @@ int run(const settings& config) {
         }
         closed.push_back(run_closed(config, monitor, workload::read_write, "pool-many", config.many_closed, 1, 2.0));
         for (int rep = 1; rep <= 4; ++rep) {
-            for (const char* which : {"raw", "gate-rw", "gate-rw-nodl", "gate-rw-untracked", "gate-rw-nodl-noreset"}) {
+            for (const char* which : {"raw", "gate-rw", "gate-rw-nodl", "gate-rw-untracked", "gate-rw-nodl-noreset",
+                                      "gate-rw-nodl-noaffinity"}) {
                 closed.push_back(run_closed(config, monitor, workload::tpcb, which, threads, rep, 1.25));
             }
         }
@@ -1492,6 +1481,11 @@ int run(const settings& config) {
             format("- Commit-outcome tracking on tpcb (writes: the pipelined COMMIT): gate-rw / gate-rw-untracked "
                    "throughput %s (the cost of resolving a lost COMMIT; no goal).",
                    number(ratio_between(workload::tpcb, "gate-rw", "gate-rw-untracked"), 3).c_str()));
+        line(
+            format("- Connection affinity (connection_affinity): gate-rw-nodl / gate-rw-nodl-noaffinity throughput "
+                   "%s on SELECT 1, %s on tpcb (no goal).",
+                   number(ratio_between(workload::select1, "gate-rw-nodl", "gate-rw-nodl-noaffinity"), 3).c_str(),
+                   number(ratio_between(workload::tpcb, "gate-rw-nodl", "gate-rw-nodl-noaffinity"), 3).c_str()));
         line(
             format("- The session reset (reset_session): gate-rw-nodl / gate-rw-nodl-noreset throughput %s on "
                    "SELECT 1, %s on tpcb (what the reset's six statements cost; no goal).",

@@ -77,6 +77,13 @@ struct pqxx_pool_options {
     /// time per transaction. Turn it off only when no callback leaves session
     /// state behind.
     bool reset_session = true;
+    /// A borrower gets back the idle connection it borrowed last when that
+    /// one came back less than 100 ms ago (and is among the 16 most recently
+    /// returned); otherwise, and with false, the most recently returned one.
+    /// A thread that keeps talking to one backend keeps their wake-ups on
+    /// warm caches (docs/performance.md, "Connection affinity"). Waiters are
+    /// served in arrival order either way.
+    bool connection_affinity = true;
     /// How long after a call's deadline the pool cuts a connection off when
     /// the server has not answered by then (a frozen server, a silent
     /// network): the socket is shut down, the waiting statement fails at

@@ -294,22 +294,28 @@ private:
         return load(m_size) < m_options.max_size && now >= m_retry_at;
     }
 
-    /// The idle connection for the calling thread: the one it used last if
-    /// that is among the affinity_window most recently returned, otherwise
-    /// the most recently returned. A thread that keeps talking to the same
-    /// backend keeps the pair's wake-ups on one core's caches; passing
-    /// connections around among threads cost the closed loop a quarter of
-    /// its throughput on two cores (docs/performance.md, "Connection
-    /// affinity"). The others keep their order (oldest first, for
-    /// retirement).
-    std::unique_ptr<pooled_connection> take_idle_locked() noexcept {
+    /// The idle connection for the calling thread at `now`: the one it
+    /// borrowed last if that is among the affinity_window most recently
+    /// returned and came back less than affinity_horizon ago, otherwise the
+    /// most recently returned. A thread that keeps talking to one backend
+    /// keeps the pair's wake-ups on warm caches: with connections passed
+    /// around among four threads, the gate lost about a quarter of its
+    /// closed-loop throughput on a write transaction on two cores
+    /// (docs/performance.md, "Connection affinity"). The horizon keeps light
+    /// load on the few most recently used connections, as before, so that
+    /// idle_timeout still retires the rest. The others keep their order
+    /// (oldest first, for retirement).
+    std::unique_ptr<pooled_connection> take_idle_locked(clock::time_point now) noexcept {
         if (m_idle.empty()) {
             return nullptr;
         }
         const std::thread::id me = std::this_thread::get_id();
-        const std::size_t window = std::min(m_idle.size(), affinity_window);
+        const std::size_t window = m_options.connection_affinity ? std::min(m_idle.size(), affinity_window) : 0;
         for (std::size_t back = 0; back < window; ++back) {
             const auto at = m_idle.end() - static_cast<std::ptrdiff_t>(back) - 1;
+            if (now - (*at)->idle_since >= affinity_horizon) {
+                break;  // it and every one before it came back too long ago
+            }
             if ((*at)->last_borrower == me) {
                 std::rotate(at, at + 1, m_idle.end());
                 break;
@@ -403,7 +409,7 @@ private:
         auto now = clock::now();
         retire_expired_locked(now, retired);
         if (m_queue.empty()) {
-            if (std::unique_ptr<pooled_connection> connection = take_idle_locked()) {
+            if (std::unique_ptr<pooled_connection> connection = take_idle_locked(now)) {
                 return connection;
             }
             if (can_open_locked(now)) {
@@ -433,7 +439,7 @@ private:
             now = clock::now();
             const bool oldest = m_queue.front() == &node;
             if (oldest) {
-                if (std::unique_ptr<pooled_connection> connection = take_idle_locked()) {
+                if (std::unique_ptr<pooled_connection> connection = take_idle_locked(now)) {
                     leave_queue_locked(node);
                     return connection;
                 }
@@ -564,13 +570,16 @@ private:
                 pqxx::nontransaction read(*record->connection);
                 restore = read.exec(session_settings_query).at(0).at(0).c_str();
             }
-            const std::vector<std::string> commit_steps =
-                m_options.reset_session ? reset_steps("COMMIT", restore) : std::vector<std::string>{"COMMIT"};
-            record->commit_statement = one_query(commit_steps);
-            record->rollback_statement =
-                m_options.reset_session ? one_query(reset_steps("ROLLBACK", restore)) : "ROLLBACK";
-            record->reset_statement = m_options.reset_session ? one_query(reset_steps("", restore)) : "";
-            prepare_commit_pipeline(*record, commit_steps);
+            if (m_options.reset_session) {
+                record->commit_steps = reset_steps("COMMIT", restore);
+                record->rollback_statement = one_query(reset_steps("ROLLBACK", restore));
+                record->reset_statement = one_query(reset_steps("", restore));
+            } else {
+                record->commit_steps = {"COMMIT"};
+                record->rollback_statement = "ROLLBACK";
+                record->reset_statement.clear();
+            }
+            record->commit_statement = one_query(record->commit_steps);
             record->asked_commit_statement =
                 std::string(xact_id_if_assigned(record->server_version)).append("; ").append(record->commit_statement);
             record->opened_at = clock::now();
@@ -605,27 +614,6 @@ private:
         m_retry_at = now + m_backoff;
         wake_oldest_locked();  // it adopts the back-off (or opens, once it is over)
         return nullptr;
-    }
-
-    /// The pipelined COMMIT's steps of a new connection (`steps`: COMMIT,
-    /// then the reset), those after COMMIT prepared on it where pipeline mode
-    /// is usable and the pool has not found prepared steps lost: a reset of
-    /// unnamed statements costs the server a parse of each at every commit.
-    /// Throws when the connection broke meanwhile.
-    void prepare_commit_pipeline(pooled_connection& record, const std::vector<std::string>& steps) const {
-        record.prepared_steps_kept = m_prepared_steps_kept;
-        record.commit_steps.clear();
-        for (std::size_t index = 0; index < steps.size(); ++index) {
-            record.commit_steps.push_back({steps[index], index == 0 ? std::string() : prepared_step_name(index)});
-        }
-#if defined(LIBPQ_HAS_PIPELINING)
-        if (steps.size() > 1 && pipeline_usable() && m_prepared_steps_kept->load(std::memory_order_relaxed)) {
-            record.steps_prepared = prepare_steps(record.handle, record.commit_steps);
-            if (PQstatus(record.handle) != CONNECTION_OK || PQpipelineStatus(record.handle) != PQ_PIPELINE_OFF) {
-                throw std::runtime_error("bulkhead::pqxx_pool: the new connection broke while it was being set up");
-            }
-        }
-#endif
     }
 
     /// Outside the mutex, for a connection just taken from the idle list:
@@ -730,19 +718,18 @@ public:
     }
 
 private:
-    const pqxx_pool_options m_options;  // immutable after construction
-    const connect_target m_target;      // immutable after construction
     /// How many of the most recently returned idle connections a borrower
     /// looks through for the one it used last (take_idle_locked): a bound on
     /// the work under the mutex, whatever max_size is.
     static constexpr std::size_t affinity_window = 16;
+    /// How recently that connection must have come back to be preferred.
+    static constexpr std::chrono::milliseconds affinity_horizon{100};
 
+    const pqxx_pool_options m_options;         // immutable after construction
+    const connect_target m_target;             // immutable after construction
     const std::vector<std::string> m_secrets;  // immutable after construction: passwords to scrub
-    // Whether new connections prepare the pipelined COMMIT's steps
-    // (prepare_commit_pipeline); shared with the connections, which clear it.
-    const std::shared_ptr<std::atomic<bool>> m_prepared_steps_kept = std::make_shared<std::atomic<bool>>(true);
-    socket_watchdog m_watchdog;            // cuts off connections past their call's deadline
-    std::atomic<bool> m_hooks_off{false};  // set by shut_down(): on_connect and on_close are no longer called
+    socket_watchdog m_watchdog;                // cuts off connections past their call's deadline
+    std::atomic<bool> m_hooks_off{false};      // set by shut_down(): on_connect and on_close are no longer called
 
     mutable std::mutex m_mutex;
     std::vector<std::unique_ptr<pooled_connection>> m_idle;        // guarded by m_mutex; most recently returned last

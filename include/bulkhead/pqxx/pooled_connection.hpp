@@ -48,18 +48,11 @@ struct pooled_connection {
     // "COMMIT; <reset>; <restore>" and "ROLLBACK; <reset>; <restore>", made
     // once when the connection was opened (protocol.hpp: reset_steps), and
     // the reset alone for a session returned from raw use; the COMMIT and the
-    // reset also one statement each, for a commit in pipeline mode, where
-    // the steps after COMMIT go by the names they were prepared under when
-    // steps_prepared (a Bind and an Execute each, no parse per commit).
-    std::vector<pipeline_step> commit_steps;
-    bool steps_prepared = false;
-    // The thread that borrowed it last: it gets this one back first when it
-    // is idle (pool_core::take_idle_locked).
+    // reset also one statement each, for a commit in pipeline mode.
+    std::vector<std::string> commit_steps;
+    // The thread that borrowed it last: it gets this one back first while
+    // it has been idle only briefly (pool_core::take_idle_locked).
     std::thread::id last_borrower;
-    // The pool's: false once a prepared step was found missing (a pooler in
-    // transaction mode, which does not keep them; a DEALLOCATE inside a
-    // function): from then on no connection of the pool uses them.
-    std::shared_ptr<std::atomic<bool>> prepared_steps_kept;
     std::string commit_statement;
     // The question for the transaction's id (xact_id_if_assigned), then
     // commit_statement: one simple query, for a read-write transaction none of

@@ -362,10 +362,6 @@ struct block_guard {
     // SELECT ... FOR UPDATE), so false means "no statement said it wrote",
     // not "nothing was written".
     bool wrote = false;
-    // A DEALLOCATE since the connection was opened, in a gate transaction or
-    // on a lease: the statements the pool prepared for the COMMIT pipeline
-    // may be gone (prepare_steps). Never cleared.
-    bool deallocated = false;
 
     void arm() noexcept {
         armed = true;
@@ -419,12 +415,11 @@ inline int block_guard_event(PGEventId event, void* info, void* pass_through) no
         return 1;
     }
     block_guard& guard = *static_cast<block_guard*>(pass_through);
-    const auto& created = *static_cast<PGEventResultCreate*>(info);
-    const std::string_view tag = PQcmdStatus(created.result);
-    guard.deallocated = guard.deallocated || tag.substr(0, 10) == "DEALLOCATE";  // armed or not: a lease too
     if (!guard.armed || guard.ended) {
         return 1;
     }
+    const auto& created = *static_cast<PGEventResultCreate*>(info);
+    const std::string_view tag = PQcmdStatus(created.result);
     guard.wrote = guard.wrote || !reports_no_write(tag);
     if (tag == "SAVEPOINT") {
         ++guard.savepoints;
@@ -509,35 +504,21 @@ bool run_simple_query(PGconn* connection, const char* sql, OnResult&& on_result)
     return PQstatus(connection) == CONNECTION_OK;
 }
 
-/// One statement of a pipeline: its text, and the name it was prepared
-/// under on the connection (prepare_steps), or empty.
-struct pipeline_step {
-    std::string sql;
-    std::string prepared;
-};
-
-/// The name under which the pool prepares step `index` of what follows a
-/// pipelined COMMIT (a name a caller is unlikely to choose).
-[[nodiscard]] inline std::string prepared_step_name(std::size_t index) {
-    return "bulkhead_after_commit_" + std::to_string(index);
-}
-
 /// Sends `first` (one statement), a Flush, each of `rest` (one statement
-/// each: by its prepared name when `use_prepared` and it has one, a Bind and
-/// an Execute; otherwise its text, parsed anew) and a Sync, in pipeline mode
-/// and in one write, and reads every answer: on_first(result) for the first
-/// statement's result(s), on_result(index, result) for those of rest[index]
-/// (a statement skipped after an error before it gets a
-/// PGRES_PIPELINE_ABORTED result). The server answers `first` and, told by
-/// the Flush, sends that answer before it runs anything of `rest`. One round
-/// trip. True when the connection is still good afterwards, every answer was
-/// read and pipeline mode was left; false when it broke (or nothing could be
-/// sent), in which case some results may be missing. Needs libpq 14.5 or
-/// later (pipeline_usable()); any server with the extended query protocol.
+/// each) and a Sync, in pipeline mode and in one write, and reads every
+/// answer: on_first(result) for the first statement's result(s),
+/// on_result(index, result) for those of rest[index] (a statement skipped
+/// after an error before it gets a PGRES_PIPELINE_ABORTED result). The
+/// server answers `first` and, told by the Flush, sends that answer before it
+/// runs anything of `rest`. One round trip. True when the connection is still
+/// good afterwards, every answer was read and pipeline mode was left; false
+/// when it broke (or nothing could be sent), in which case some results may
+/// be missing. Needs libpq 14.5 or later (pipeline_usable()); any server
+/// with the extended query protocol.
 #if defined(LIBPQ_HAS_PIPELINING)
 template <class OnFirst, class OnResult>
-bool run_pipeline(PGconn* connection, const char* first, const std::vector<pipeline_step>& rest, bool use_prepared,
-                  OnFirst&& on_first, OnResult&& on_result) noexcept {
+bool run_pipeline(PGconn* connection, const char* first, const std::vector<std::string>& rest, OnFirst&& on_first,
+                  OnResult&& on_result) noexcept {
     static_assert(noexcept(on_first(std::declval<const PGresult&>())));
     static_assert(noexcept(on_result(std::size_t{}, std::declval<const PGresult&>())));
     if (connection == nullptr || PQenterPipelineMode(connection) == 0) {
@@ -546,15 +527,9 @@ bool run_pipeline(PGconn* connection, const char* first, const std::vector<pipel
     const auto send = [connection](const char* statement) noexcept {
         return PQsendQueryParams(connection, statement, 0, nullptr, nullptr, nullptr, nullptr, 0) != 0;
     };
-    const auto send_step = [&](const pipeline_step& step) noexcept {
-        if (use_prepared && !step.prepared.empty()) {
-            return PQsendQueryPrepared(connection, step.prepared.c_str(), 0, nullptr, nullptr, nullptr, 0) != 0;
-        }
-        return send(step.sql.c_str());
-    };
     bool sent = send(first) && PQsendFlushRequest(connection) != 0;
     for (std::size_t index = 0; sent && index < rest.size(); ++index) {
-        sent = send_step(rest[index]);
+        sent = send(rest[index].c_str());
     }
     sent = sent && PQpipelineSync(connection) != 0;  // sends everything
     // The results of one statement, up to the null that ends them; false when
@@ -582,34 +557,6 @@ bool run_pipeline(PGconn* connection, const char* first, const std::vector<pipel
         PQclear(result);
     }
     return in_step && PQexitPipelineMode(connection) != 0 && PQstatus(connection) == CONNECTION_OK;
-}
-
-/// Prepares every step of `steps` that has a name (a Parse each, nothing
-/// run) in pipeline mode, in one round trip. True when each was prepared and
-/// the connection is still good; false otherwise (then some may be).
-inline bool prepare_steps(PGconn* connection, const std::vector<pipeline_step>& steps) noexcept {
-    if (connection == nullptr || PQenterPipelineMode(connection) == 0) {
-        return false;
-    }
-    std::size_t sent = 0;
-    bool ok = true;
-    for (const pipeline_step& step : steps) {
-        if (!step.prepared.empty()) {
-            ok = ok && PQsendPrepare(connection, step.prepared.c_str(), step.sql.c_str(), 0, nullptr) != 0;
-            sent += ok ? 1 : 0;
-        }
-    }
-    ok = PQpipelineSync(connection) != 0 && ok;
-    for (std::size_t index = 0; index < sent && PQstatus(connection) == CONNECTION_OK; ++index) {
-        while (PGresult* result = PQgetResult(connection)) {
-            ok = ok && PQresultStatus(result) == PGRES_COMMAND_OK;
-            PQclear(result);
-        }
-    }
-    PGresult* sync = PQgetResult(connection);
-    ok = ok && sync != nullptr && PQresultStatus(sync) == PGRES_PIPELINE_SYNC;
-    PQclear(sync);
-    return PQexitPipelineMode(connection) != 0 && ok && PQstatus(connection) == CONNECTION_OK;
 }
 #endif
 

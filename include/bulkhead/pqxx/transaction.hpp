@@ -205,21 +205,18 @@ struct transaction_control {
 /// What the server answered to the first statement of a simple query that
 /// carries a reset after it.
 struct first_answer {
-    bool answered = false;         // a result for the first statement arrived
-    bool succeeded = false;        // and it was a success
-    bool rest_failed = false;      // a statement after it (the reset) failed
-    bool rest_unprepared = false;  // one of them because its prepared statement is gone (26000)
-    std::string message;           // the first statement's error, when it failed
-    std::string sqlstate;          // and its SQLSTATE
-    bool from_server = false;      // that error came from the server (libpq's own carry no severity field)
+    bool answered = false;     // a result for the first statement arrived
+    bool succeeded = false;    // and it was a success
+    bool rest_failed = false;  // a statement after it (the reset) failed
+    std::string message;       // the first statement's error, when it failed
+    std::string sqlstate;      // and its SQLSTATE
+    bool from_server = false;  // that error came from the server (libpq's own carry no severity field)
 
     void record(std::size_t index, const PGresult& result) noexcept {
         const ExecStatusType status = PQresultStatus(&result);
         const bool ok = status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK;
         if (index != 0) {
             rest_failed = rest_failed || !ok;
-            const char* state = ok ? nullptr : PQresultErrorField(&result, PG_DIAG_SQLSTATE);
-            rest_unprepared = rest_unprepared || (state != nullptr && std::string_view(state) == "26000");
             return;
         }
         answered = true;
@@ -315,17 +312,9 @@ inline void transaction_control::on_commit(gate_transaction& /*tx*/) {
                                  });
     } else {
 #if defined(LIBPQ_HAS_PIPELINING)  // track_txid is only set where pipeline mode is usable
-        const bool use_prepared = owner->steps_prepared && !owner->guard.deallocated &&
-                                  owner->prepared_steps_kept->load(std::memory_order_relaxed);
-        alive = run_pipeline(handle, xact_id_if_assigned(owner->server_version), owner->commit_steps, use_prepared,
-                             record_question, record);
+        alive = run_pipeline(handle, xact_id_if_assigned(owner->server_version), owner->commit_steps, record_question,
+                             record);
 #endif
-    }
-    if (answer.rest_unprepared) {
-        // A pooler that does not keep a session's prepared statements (or a
-        // DEALLOCATE the guard did not see): no connection of this pool
-        // relies on them again; this one is discarded below.
-        owner->prepared_steps_kept->store(false, std::memory_order_relaxed);
     }
     if (question.answered && !question.succeeded && question.from_server) {
         // The server failed the question (a cancel or a timeout that hit it,
