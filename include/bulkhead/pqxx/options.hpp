@@ -81,7 +81,7 @@ struct pqxx_pool_options {
     /// one came back less than 100 ms ago (and is among the 16 most recently
     /// returned); otherwise, and with false, the most recently returned one.
     /// A thread that keeps talking to one backend keeps their wake-ups on
-    /// warm caches (docs/performance.md, "Connection affinity"). Waiters are
+    /// warm caches (docs/performance.md, "The default path"). Waiters are
     /// served in arrival order either way.
     bool connection_affinity = true;
     /// How long after a call's deadline the pool cuts a connection off when

@@ -299,9 +299,9 @@ private:
     /// returned and came back less than affinity_horizon ago, otherwise the
     /// most recently returned. A thread that keeps talking to one backend
     /// keeps the pair's wake-ups on warm caches: with connections passed
-    /// around among four threads, the gate lost about a quarter of its
-    /// closed-loop throughput on a write transaction on two cores
-    /// (docs/performance.md, "Connection affinity"). The horizon keeps light
+    /// around among four threads, the gate's closed-loop throughput on a write
+    /// transaction was 13 to 16 % lower on two cores
+    /// (docs/performance.md, "The default path"). The horizon keeps light
     /// load on the few most recently used connections, as before, so that
     /// idle_timeout still retires the rest. The others keep their order
     /// (oldest first, for retirement).
