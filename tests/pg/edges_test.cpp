@@ -35,6 +35,12 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
+/// The backend pid of the connection `gate` lends, read in one transaction.
+template <class Gate>
+int backend_through(Gate& gate) {
+    return gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
+}
+
 /// Milliseconds since `start`, for INFO lines and bounds.
 long ms_since(clock_type::time_point start) {
     return static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start).count());
@@ -115,7 +121,7 @@ TEST_CASE("[E2] the check of an idle connection and the opening of its replaceme
         options.connection_timeout = 5s;
         bulkhead::pqxx_pool pool(options);
         gate_t gate(pool, 1, 0);
-        const int pid = gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
+        const int pid = backend_through(gate);
         frozen_backend frozen(pid);
         const auto start = clock_type::now();
         CHECK_THROWS_AS(gate.transaction({.deadline = start + 200ms}, [](pqxx::dbtransaction&) {}), bulkhead::rejected);
@@ -262,7 +268,7 @@ TEST_CASE("[E5] request_stop returns at once when the cancel cannot get through,
     bulkhead::pqxx_pool pool(proxied_options(proxy, "bulkhead-e5"));
     gate_t gate(pool, 1, 0);
     auto monitor = outside_connection();
-    const int first = gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
+    const int first = backend_through(gate);
     proxy.hold_new(true);  // the cancel's own connection is accepted and never answered
     std::stop_source stop;
     gate_t::options call{.stop = stop.get_token()};
@@ -295,7 +301,7 @@ TEST_CASE("[E5] request_stop returns at once when the cancel cannot get through,
     CHECK(proxy.held() == 1);  // the cancel really was sent, and is still stuck
     CHECK(gate.available() == 1);
     proxy.hold_new(false);
-    const int next = gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
+    const int next = backend_through(gate);
     CHECK(next != first);  // a cancel still in flight: the connection was closed, not handed on
 }
 
@@ -393,7 +399,7 @@ TEST_CASE("[E7] a first_statement whose server or network goes silent ends withi
         options.deadline_slack = 250ms;
         bulkhead::pqxx_pool pool(options);
         gate_t gate(pool, 1, 0);
-        const int pid = gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
+        const int pid = backend_through(gate);
         frozen_backend frozen(pid);
         const auto start = clock_type::now();
         call.deadline = start + 500ms;
@@ -407,7 +413,7 @@ TEST_CASE("[E7] a first_statement whose server or network goes silent ends withi
     }
     SECTION("the network stops forwarding") {
         proxied_gate s("bulkhead-e7-first-silent", 250ms);
-        (void)s.gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
+        (void)backend_through(s.gate);
         s.proxy.silence(true);
         const auto start = clock_type::now();
         call.deadline = start + 400ms;
@@ -496,9 +502,9 @@ TEST_CASE(
     gate_t gate(pool, 1, 0);
     auto monitor = outside_connection();
     for (int round = 0; round < 5; ++round) {
-        const int pid = gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
+        const int pid = backend_through(gate);
         terminate_backend(monitor, pid);  // returns once the backend is gone: well under 500 ms of idleness
-        const int next = gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
+        const int next = backend_through(gate);
         CHECK(next != pid);
     }
     // Found out on borrow (broken, or told something and then checked), not
@@ -515,7 +521,7 @@ TEST_CASE("[E9] a BEGIN that fails on a broken connection is tried once more on 
     scratch_table table("bulkhead_e9_begin", "id int");
     bulkhead::pqxx_pool pool(proxied_options(proxy, "bulkhead-e9-begin"));
     gate_t gate(pool, 1, 0);
-    const int first = gate.transaction(1s, [](pqxx::dbtransaction& tx) { return tx.conn().backendpid(); });
+    const int first = backend_through(gate);
     proxy.arm(tcp_proxy::cut::drop_at_next_query);  // the next BEGIN finds the connection broken
     const int second = gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
         tx.exec("INSERT INTO " + table.name() + " VALUES (1)");
