@@ -26,6 +26,7 @@
 
 #include <bulkhead/admission_counter.hpp>
 #include <bulkhead/detail/held_gates.hpp>
+#include <bulkhead/detail/work_threads.hpp>
 #include <bulkhead/error.hpp>
 #include <bulkhead/fifo_semaphore.hpp>
 #include <bulkhead/gate_stats.hpp>
@@ -311,6 +312,29 @@ class db_bulkhead;
 
 namespace detail {
 
+/// The asynchronous front end, defined by <bulkhead/asio.hpp>: calling
+/// db_bulkhead::async_transaction() needs that header. An "incomplete type
+/// async_frontend" error means it was not included.
+template <class Token>
+struct async_frontend;
+
+/// What the asynchronous front end may use of a gate's insides; defined by
+/// <bulkhead/asio.hpp>.
+struct async_access;
+
+/// When a transaction was admitted (it had a slot) and when it got its
+/// execution permit: the same clock read when no wait was needed.
+struct admission_times {
+    std::chrono::steady_clock::time_point admitted{};
+    std::chrono::steady_clock::time_point permitted{};
+};
+
+/// How long a call that has its admission slot may wait for a permit.
+struct permit_wait_limit {
+    std::chrono::nanoseconds wait{0};
+    bool deadline_binds = false;  // the deadline, not the queue wait, sets `wait`
+};
+
 /// The permit logic of a gate, independent of the pool type.
 class gate_core {
 public:
@@ -331,9 +355,10 @@ public:
 
     int m_concurrent;
     int m_extra_slots;
-    admission_counter m_slots;  // B + Q, never waited on
-    fifo_semaphore m_running;   // B, FIFO
-    remote_releases m_remote;   // permits released on another thread than the entering one
+    admission_counter m_slots;             // B + Q, never waited on
+    fifo_semaphore m_running;              // B, FIFO
+    work_threads m_workers{m_concurrent};  // B threads for asynchronous callers' work, started on first use
+    remote_releases m_remote;              // permits released on another thread than the entering one
 
 private:
     static int checked_concurrent(int concurrent, int extra_slots) {
@@ -535,6 +560,33 @@ public:
         return try_transaction(options{.queue_wait = queue_wait}, std::forward<Work>(work));
     }
 
+    /// Runs `work` as transaction() does, for a caller that must not block
+    /// its thread: a coroutine on an event loop, or any Asio completion
+    /// token (`use_awaitable`, `deferred`, `use_future`, a callback).
+    /// Completes with `void(std::error_code, T)` (`void(std::error_code)`
+    /// for a callback returning void): a rejection is its reject_reason as
+    /// an error code, a failure of the started work a work_error. The work
+    /// runs on one of the gate's B work threads, never on the caller's; the
+    /// completion runs on the handler's associated executor. Needs
+    /// <bulkhead/asio.hpp>; docs/async.md describes it.
+    /// \throws std::invalid_argument, std::logic_error at once, for the same
+    ///         misuse as transaction(); std::system_error when the work
+    ///         threads cannot be started. Nothing is held then.
+    template <class Work, class Token>
+    auto async_transaction(const options& call, Work&& work, Token&& token) {
+        return detail::async_frontend<std::decay_t<Token>>::initiate(*this, call, std::forward<Work>(work), nullptr,
+                                                                     std::forward<Token>(token));
+    }
+
+    /// As above; when the call completes with a work_error, `failure` holds
+    /// the exception behind it (the callback's own, the database's). It must
+    /// stay valid until the completion runs.
+    template <class Work, class Token>
+    auto async_transaction(const options& call, Work&& work, std::exception_ptr& failure, Token&& token) {
+        return detail::async_frontend<std::decay_t<Token>>::initiate(*this, call, std::forward<Work>(work), &failure,
+                                                                     std::forward<Token>(token));
+    }
+
     /// Takes an admission slot and an execution permit, for callers that run
     /// their own transaction inside the admitted scope. `call.transaction` is
     /// ignored.
@@ -582,6 +634,8 @@ public:
     }
 
 private:
+    friend struct detail::async_access;
+
     template <class Work>
     static void check_callable(const Work& work) {
         static_assert(std::is_invocable_v<Work&, work_arg_t>,
@@ -607,25 +661,14 @@ private:
         detail::notify_rejected(m_observer, reason);
     }
 
-    /// Rejects with `reason`, counted.
-    result<permit> refuse(reject_reason reason) noexcept {
-        count_rejection(reason);
-        return reason;
-    }
+    using admission_times = detail::admission_times;
+    using permit_wait_limit = detail::permit_wait_limit;
 
-    /// When a transaction was admitted (it had a slot) and when it got its
-    /// execution permit: the same clock read when no wait was needed.
-    struct admission_times {
-        clock::time_point admitted{};
-        clock::time_point permitted{};
-    };
-
-    /// Both admission stages. Returns a permit or why there is none. With
-    /// `times` (the transaction path) the admission and permit times are read
-    /// and the permit wait recorded (zero when there was none). enter()
-    /// passes none: its calls are counted but not timed, and it reads the
-    /// clock only for a deadline.
-    result<permit> admit(const options& call, admission_times* times = nullptr) {
+    /// Stage 1 and the checks before it: the queue wait, reentrancy, a stop
+    /// or a deadline already there, then one admission slot, tried without
+    /// blocking. Returns how long the permit may be waited for, or why the
+    /// call is refused (counted; no slot is held then).
+    result<permit_wait_limit> take_slot(const options& call) {
         if (call.queue_wait < call.queue_wait.zero()) {
             throw std::invalid_argument("bulkhead::db_bulkhead: queue_wait must not be negative");
         }
@@ -639,25 +682,54 @@ private:
             held.remove(serial);
         }
         if (call.stop.stop_requested()) {
-            return refuse(reject_reason::admission_cancelled);
+            return refuse_reason(reject_reason::admission_cancelled);
         }
         // The deadline is read only when the call carries one: no clock read
         // on the common path.
-        std::chrono::nanoseconds wait = call.queue_wait;
-        bool deadline_binds = false;
+        permit_wait_limit limit{call.queue_wait, false};
         if (call.deadline != clock::time_point::max()) {
             const clock::time_point now = clock::now();
             if (call.deadline <= now) {  // compared before subtracting: time_point::min() cannot overflow
-                return refuse(reject_reason::deadline_exceeded);
+                return refuse_reason(reject_reason::deadline_exceeded);
             }
             const auto left = call.deadline - now;
-            if (left < wait) {
-                wait = std::chrono::duration_cast<std::chrono::nanoseconds>(left);
-                deadline_binds = true;
+            if (left < limit.wait) {
+                limit.wait = std::chrono::duration_cast<std::chrono::nanoseconds>(left);
+                limit.deadline_binds = true;
             }
         }
         if (!m_core.m_slots.try_acquire()) {
-            return refuse(reject_reason::admission_full);
+            return refuse_reason(reject_reason::admission_full);
+        }
+        return limit;
+    }
+
+    /// Counts a rejection; returns its reason (for result<T>).
+    reject_reason refuse_reason(reject_reason reason) noexcept {
+        count_rejection(reason);
+        return reason;
+    }
+
+    /// A permit wait that ended without a permit: gives the slot back and
+    /// says why, counted.
+    reject_reason refuse_after_slot(wait_status waited, const permit_wait_limit& limit) noexcept {
+        m_core.m_slots.release();
+        if (waited == wait_status::timed_out) {
+            return refuse_reason(limit.deadline_binds ? reject_reason::deadline_exceeded
+                                                      : reject_reason::admission_timeout);
+        }
+        return refuse_reason(reject_reason::admission_cancelled);
+    }
+
+    /// Both admission stages. Returns a permit or why there is none. With
+    /// `times` (the transaction path) the admission and permit times are read
+    /// and the permit wait recorded (zero when there was none). enter()
+    /// passes none: its calls are counted but not timed, and it reads the
+    /// clock only for a deadline.
+    result<permit> admit(const options& call, admission_times* times = nullptr) {
+        result<permit_wait_limit> slot = take_slot(call);
+        if (!slot) {
+            return slot.error();
         }
         if (times != nullptr) {
             // After admission: a rejection reads no clock.
@@ -668,24 +740,31 @@ private:
                 m_metrics.permit_wait.record(0U);
             }
         } else {
-            const wait_status waited = m_core.m_running.try_acquire_for(wait, call.stop);
+            const wait_status waited = m_core.m_running.try_acquire_for(slot->wait, call.stop);
             if (times != nullptr) {
                 times->permitted = clock::now();
                 m_metrics.permit_wait.record(times->permitted - times->admitted);
             }
-            switch (waited) {
-                case wait_status::acquired:
-                    break;
-                case wait_status::timed_out:
-                    m_core.m_slots.release();
-                    return refuse(deadline_binds ? reject_reason::deadline_exceeded : reject_reason::admission_timeout);
-                case wait_status::cancelled:
-                    m_core.m_slots.release();
-                    return refuse(reject_reason::admission_cancelled);
+            if (waited != wait_status::acquired) {
+                return refuse_after_slot(waited, *slot);
             }
         }
         m_metrics.admitted();
+        detail::held_gates& held = detail::this_thread_gates;
         return permit(m_core, &held, held.add(&m_core, call.task));
+    }
+
+    /// For an asynchronous front end: stages 3 and 4 on this thread for a
+    /// call whose slot and permit were taken elsewhere (by the caller's
+    /// thread, or granted by a release). The permit is recorded as this
+    /// thread's, so the callback cannot reenter the gate, and is released
+    /// after everything here has unwound, as for transaction().
+    template <class Work>
+    work_result_t<Work> run_adopted(const options& call, Work&& work, const admission_times& times, bool* started) {
+        m_metrics.admitted();
+        detail::held_gates& held = detail::this_thread_gates;
+        permit adopted(m_core, &held, held.add(&m_core, call.task));
+        return run(adopted, call, std::forward<Work>(work), times, started);
     }
 
     /// Stages 3 and 4 for a call that holds `held`. The permit is released

@@ -15,13 +15,17 @@
 //
 // reject_reason names the same outcomes as values, for the non-throwing entry
 // points (try_enter, try_transaction), which report a rejection without
-// paying for an exception.
+// paying for an exception. The asynchronous API (asio.hpp) reports them as
+// std::error_code values of the bulkhead category, with work_error for the
+// outcomes of work that started.
 #pragma once
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <type_traits>
 
 namespace bulkhead {
 
@@ -149,4 +153,88 @@ public:
     throw rejected(reason, "db admission rejected");
 }
 
+// ---------------------------------------------------------------------------
+// Error codes, for the asynchronous API (asio.hpp)
+// ---------------------------------------------------------------------------
+
+/// What went wrong once the work had started, as an error code value: the
+/// counterparts of work_cancelled, work_deadline_exceeded and commit_unknown,
+/// and work_failed for anything else (the callback's own exception, a
+/// database error). Rejections are reject_reason values.
+enum class work_error : std::uint8_t {
+    work_cancelled = 16,     ///< a stop or a cancellation reached the running work; rolled back
+    work_deadline_exceeded,  ///< the deadline cut the running work short; rolled back
+    commit_unknown,          ///< the connection was lost during COMMIT; the outcome is unknown
+    work_failed,             ///< the callback, BEGIN or COMMIT threw; rolled back
+};
+
+namespace detail {
+
+/// The bulkhead error category: values 1 to 5 are the reject_reasons (value
+/// = reason + 1, so that no reason is the zero "success"), 16 to 19 the
+/// work_errors.
+class error_category_impl final : public std::error_category {
+public:
+    [[nodiscard]] const char* name() const noexcept override { return "bulkhead"; }
+
+    [[nodiscard]] std::string message(int value) const override {
+        switch (value) {
+            case 1:
+                return "admission_full: all admission slots (B + Q) were taken";
+            case 2:
+                return "admission_timeout: no execution permit within the queue wait";
+            case 3:
+                return "admission_cancelled: cancelled before the work started";
+            case 4:
+                return "pool_timeout: no pool connection within the pool's connection timeout";
+            case 5:
+                return "deadline_exceeded: the deadline passed before the work started";
+            case static_cast<int>(work_error::work_cancelled):
+                return "work_cancelled: cancelled while the work ran; rolled back";
+            case static_cast<int>(work_error::work_deadline_exceeded):
+                return "work_deadline_exceeded: the deadline passed while the work ran; rolled back";
+            case static_cast<int>(work_error::commit_unknown):
+                return "commit_unknown: the connection was lost during COMMIT; the outcome is unknown";
+            case static_cast<int>(work_error::work_failed):
+                return "work_failed: the work failed and was rolled back";
+            default:
+                return "bulkhead: unknown error " + std::to_string(value);
+        }
+    }
+};
+
+}  // namespace detail
+
+/// The category of every bulkhead error code.
+[[nodiscard]] inline const std::error_category& error_category() noexcept {
+    static const detail::error_category_impl category;
+    return category;
+}
+
+/// `reason` as an error code of the bulkhead category (value reason + 1).
+[[nodiscard]] inline std::error_code make_error_code(reject_reason reason) noexcept {
+    return {static_cast<int>(reason) + 1, error_category()};
+}
+
+/// `error` as an error code of the bulkhead category.
+[[nodiscard]] inline std::error_code make_error_code(work_error error) noexcept {
+    return {static_cast<int>(error), error_category()};
+}
+
+/// True when `code` is a rejection: the work never started, so retrying
+/// later is safe.
+[[nodiscard]] inline bool is_rejection(const std::error_code& code) noexcept {
+    return code.category() == error_category() && code.value() >= 1 && code.value() <= 5;
+}
+
+/// The rejection `code` stands for. Precondition: is_rejection(code).
+[[nodiscard]] inline reject_reason rejection_of(const std::error_code& code) noexcept {
+    return static_cast<reject_reason>(code.value() - 1);
+}
+
 }  // namespace bulkhead
+
+template <>
+struct std::is_error_code_enum<bulkhead::reject_reason> : std::true_type {};
+template <>
+struct std::is_error_code_enum<bulkhead::work_error> : std::true_type {};

@@ -1,4 +1,4 @@
-// bulkhead: a strict-FIFO counting semaphore for threads.
+// bulkhead: a strict-FIFO counting semaphore for threads and asynchronous callers.
 //
 // fifo_semaphore hands out permits in arrival order. It is the execution
 // stage of a gate: of all callers admitted, at most B run, the rest queue here
@@ -51,13 +51,28 @@
 // configurations (3 threads making one call each, 2 threads making two, 4
 // threads with 2 permits; see tests/model/CMakeLists.txt).
 //
+// Asynchronous waiters. A caller that must not block a thread (a coroutine,
+// see asio.hpp) queues an async_node instead: acquire_or_enqueue() takes a
+// permit at once or links the node into the same queue as the blocked
+// threads, in the same arrival order, and returns. hand_over() treats both
+// kinds alike: it unlinks the oldest nodes under the mutex, then, with the
+// mutex released, calls each one's grant: a thread's marks it granted and
+// wakes it (one wake), an async node's runs the caller's on_granted on the
+// releasing thread. cancel() is the async form of a timeout or a stop:
+// under the mutex, a node still queued leaves and holds nothing; a node no
+// longer queued has a grant on its way, which wins. The node lives in the
+// caller's operation state (allocated by its completion token), so waiting
+// allocates nothing here either.
+//
 // Thread safety and memory ordering. All members may be called concurrently.
 // A successful acquire synchronizes with the release that provided the
 // permit: on the fast path through acquire/release on m_state; on the slow
 // path the permit's releaser publishes through m_state (release) to
 // hand_over()'s compare-and-swap (acquire), and hand_over() marks the node
-// granted under the node's lock, where the waiter reads it. Destroying a semaphore while threads
-// wait on it is undefined behaviour, as for std::counting_semaphore.
+// granted under the node's lock, where the waiter reads it; an async node's
+// on_granted runs on the thread that did that CAS, after it. Destroying a
+// semaphore while anyone waits on it is undefined behaviour, as for
+// std::counting_semaphore.
 #pragma once
 
 #include <bulkhead/detail/wait_queue.hpp>
@@ -187,13 +202,75 @@ public:
         }
     }
 
+    /// The queue entry of a caller that waits without blocking a thread (a
+    /// coroutine, a callback). It lives wherever the caller keeps its state,
+    /// for as long as it is queued; `on_granted` is how a release hands it
+    /// the permit.
+    /// \note Neither copyable nor movable: the queue links to it by address.
+    class async_node : private detail::queue_node {
+    public:
+        /// Called once when a release grants this node its permit, on the
+        /// releasing thread, with no lock of the semaphore held. From then
+        /// the permit is the caller's; the node is no longer used and may be
+        /// destroyed inside the call. Must not block: the releaser is
+        /// usually another caller that has just finished its own work.
+        using granted_function = void (*)(async_node& node) noexcept;
+
+        explicit async_node(granted_function on_granted) noexcept
+            : detail::queue_node(&deliver), m_on_granted(on_granted) {}
+        async_node(const async_node&) = delete;
+        async_node& operator=(const async_node&) = delete;
+        ~async_node() = default;
+
+    private:
+        friend class fifo_semaphore;
+
+        static void deliver(detail::queue_node& base) noexcept {
+            auto& node = static_cast<async_node&>(base);
+            node.m_on_granted(node);
+        }
+
+        granted_function m_on_granted;
+    };
+
+    /// Takes a permit now, or queues `node` behind everyone already queued
+    /// (threads and asynchronous callers alike, in arrival order) and
+    /// returns at once. Never blocks, never allocates.
+    /// \returns true when a permit was taken (nothing is queued and
+    /// `on_granted` is not called); false when `node` is queued: a release
+    /// will call its `on_granted`, unless cancel(node) takes it out first.
+    [[nodiscard]] bool acquire_or_enqueue(async_node& node) noexcept {
+        if (try_acquire()) {
+            return true;
+        }
+        const std::lock_guard lock(m_mutex);
+        return take_or_enqueue(node);
+    }
+
+    /// Takes a queued `node` out of the queue, if no release has reached it.
+    /// \returns true when it was still queued: it is gone, holds nothing,
+    /// and `on_granted` will not be called. false when a release has taken
+    /// it already: its `on_granted` has run or is about to, and the permit
+    /// is the caller's (it must be released). Safe from any thread, also
+    /// while a release runs.
+    [[nodiscard]] bool cancel(async_node& node) noexcept {
+        const std::lock_guard lock(m_mutex);
+        if (!node.queued) {
+            return false;
+        }
+        m_queue.remove(node);
+        m_state.fetch_sub(one_waiter, std::memory_order_relaxed);  // mutex-guarded bookkeeping
+        return true;
+    }
+
     /// Free permits right now: an observation, stale as soon as it returns.
     [[nodiscard]] std::int64_t available() const noexcept {
         // relaxed: monitoring only.
         return static_cast<std::int64_t>(permits_of(m_state.load(std::memory_order_relaxed)));
     }
 
-    /// Threads queued right now: an observation, stale as soon as it returns.
+    /// Callers queued right now (threads and asynchronous callers): an
+    /// observation, stale as soon as it returns.
     [[nodiscard]] std::int64_t waiting() const noexcept {
         // relaxed: monitoring only.
         return static_cast<std::int64_t>(waiters_of(m_state.load(std::memory_order_relaxed)));
@@ -358,7 +435,7 @@ private:
 
     /// Under the mutex: takes a free permit if nobody is queued, otherwise
     /// counts `node` in and queues it. Returns true if a permit was taken.
-    bool take_or_enqueue(detail::waiter& node) noexcept {
+    bool take_or_enqueue(detail::queue_node& node) noexcept {
         std::uint64_t seen = m_state.load(std::memory_order_relaxed);
         for (;;) {
             if (waiters_of(seen) == 0 && permits_of(seen) > 0) {
@@ -386,8 +463,8 @@ private:
     /// release() adds; no one else takes while anyone is queued), so the CAS
     /// retries only for those.
     void hand_over() noexcept {
-        detail::waiter* grantees = nullptr;  // oldest first, linked through `next`
-        detail::waiter* last = nullptr;
+        detail::queue_node* grantees = nullptr;  // oldest first, linked through `next`
+        detail::queue_node* last = nullptr;
         {
             const std::lock_guard lock(m_mutex);
             std::uint64_t seen = m_state.load(std::memory_order_relaxed);
@@ -399,23 +476,16 @@ private:
                     continue;
                 }
                 seen = taken;  // what is there now, unless a release added since (the next CAS sees it)
-                detail::waiter& next = m_queue.pop_front();
+                detail::queue_node& next = m_queue.pop_front();
                 // The waiter no longer touches its links: they serve this list.
                 (last != nullptr ? last->next : grantees) = &next;
                 last = &next;
             }
         }
         while (grantees != nullptr) {
-            detail::waiter& node = *grantees;
-            grantees = node.next;
-            {
-                const std::lock_guard node_lock(node.lock);
-                node.granted = true;  // the permit is the waiter's from here
-            }
-            node.wake.notify_one();
-            // release: the last touch; the waiter may return (and its node
-            // vanish) as soon as it sees this.
-            node.handed_over.store(true, std::memory_order_release);
+            detail::queue_node& node = *grantees;
+            grantees = node.next;  // read first: the grant may end the node's life
+            node.grant(node);
         }
     }
 

@@ -1,7 +1,8 @@
 // bulkhead: the intrusive FIFO of waiting threads behind fifo_semaphore.
 //
-// Each waiter is a node that lives on its own thread's stack for exactly as
-// long as it waits, so waiting never allocates. The queue only links nodes; it
+// Each waiting thread is a node that lives on its own stack for exactly as
+// long as it waits, so waiting never allocates; an asynchronous caller's node
+// lives in its operation's state, which its completion token allocated. The queue only links nodes; it
 // owns none of them. The queue's members, and each node's links and `queued`,
 // are guarded by the owning semaphore's mutex.
 #pragma once
@@ -20,6 +21,23 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
+/// One entry of fifo_semaphore's queue: a blocked thread (`waiter`) or an
+/// asynchronous caller (fifo_semaphore::async_node), told apart only by
+/// `grant`. The links and `queued` are guarded by the semaphore's mutex.
+struct queue_node {
+    /// How a release hands this node its permit. Called once, by the
+    /// releasing thread, with no lock held, after the node left the queue;
+    /// the node may be gone as soon as it returns.
+    using grant_function = void (*)(queue_node& node) noexcept;
+
+    explicit queue_node(grant_function on_grant) noexcept : grant(on_grant) {}
+
+    queue_node* prev = nullptr;  // guarded by the semaphore's mutex
+    queue_node* next = nullptr;  // guarded by the semaphore's mutex; a releaser's list once popped
+    bool queued = false;         // guarded by the semaphore's mutex: linked in the queue
+    grant_function grant;        // set once, at construction
+};
+
 /// One thread waiting for a permit. Lives on the waiting thread's stack.
 ///
 /// Two locks guard it, never held together: the semaphore's mutex guards the
@@ -31,16 +49,28 @@ inline void cpu_relax() noexcept {
 /// per handoff. `handed_over` is the releaser's last touch of the node; a
 /// granted waiter returns only once it is set, so the node outlives the
 /// notify.
-struct waiter {
-    waiter* prev = nullptr;  // guarded by the semaphore's mutex
-    waiter* next = nullptr;  // guarded by the semaphore's mutex; a releaser's list once popped
-    bool queued = false;     // guarded by the semaphore's mutex: linked in the queue
+struct waiter : queue_node {
+    waiter() noexcept : queue_node(&wake_granted) {}
 
     std::mutex lock;                       // guards granted and cancelled
     bool granted = false;                  // guarded by lock; set by a release, once popped
     bool cancelled = false;                // guarded by lock; set by a stop callback
     std::condition_variable wake;          // waited on with lock; notified with no lock held
     std::atomic<bool> handed_over{false};  // set by the granting releaser after its notify: done with the node
+
+private:
+    /// The grant of a blocked thread: marks it granted, wakes it, then lets
+    /// it go (release: the waiter may return, and its node vanish, as soon as
+    /// it sees handed_over).
+    static void wake_granted(queue_node& base) noexcept {
+        auto& node = static_cast<waiter&>(base);
+        {
+            const std::lock_guard node_lock(node.lock);
+            node.granted = true;  // the permit is the waiter's from here
+        }
+        node.wake.notify_one();
+        node.handed_over.store(true, std::memory_order_release);
+    }
 };
 
 /// A doubly linked FIFO of nodes that live elsewhere (on their waiting
@@ -95,7 +125,8 @@ private:
     Node* m_tail = nullptr;
 };
 
-/// The queue of fifo_semaphore.
-using wait_queue = intrusive_fifo<waiter>;
+/// The queue of fifo_semaphore: threads and asynchronous callers in one
+/// arrival order.
+using wait_queue = intrusive_fifo<queue_node>;
 
 }  // namespace bulkhead::detail

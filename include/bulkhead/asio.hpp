@@ -1,0 +1,541 @@
+// bulkhead: coroutine (and any Asio completion token) callers of a gate.
+//
+// Including this header makes db_bulkhead::async_transaction() callable:
+//
+//   int n = co_await gate.async_transaction({.queue_wait = 20ms}, work, asio::use_awaitable);
+//   auto [ec, n] = co_await gate.async_transaction({}, work, as_tuple(asio::use_awaitable));
+//
+// One gate, one queue. An asynchronous caller takes an admission slot
+// exactly as a thread does (tried, never waited for) and queues for an
+// execution permit in the same fifo_semaphore as the blocked threads, in
+// the same arrival order: a fifo_semaphore::async_node in the operation's
+// state, so a waiting coroutine holds no thread and its wait allocates
+// nothing beyond the operation itself (allocated once, with the handler's
+// associated allocator).
+//
+// Where the work runs. libpqxx blocks, so the callback never runs on the
+// caller's thread: once the call holds its permit, the call is queued to one
+// of the gate's B work threads (detail/work_threads.hpp; started on the
+// gate's first asynchronous call), which takes a connection, runs BEGIN,
+// the callback and COMMIT, returns the connection and releases the permit
+// and the slot, exactly as transaction() does on the caller's thread. Then
+// the completion is posted to the handler's associated executor (Asio's
+// system_executor when the handler names none). docs/async.md draws one call.
+//
+// Completion. `void(std::error_code, T)`, or `void(std::error_code)` when
+// the callback returns void. A rejection (the work never started) is its
+// reject_reason as an error code of the bulkhead category
+// (bulkhead::is_rejection(ec) is true, ec == reject_reason::admission_full
+// compares); a failure of started work is a work_error (work_cancelled,
+// work_deadline_exceeded, commit_unknown, work_failed), and the overload
+// with a `std::exception_ptr&` receives the exception behind it. With
+// use_awaitable an error is thrown as std::system_error, whose what() names
+// the reason; as_tuple(use_awaitable) is the non-throwing form. T must be
+// default-constructible: an error completes with T{}.
+//
+// Cancellation (Asio per-operation cancellation, any type, and
+// options::stop). While the call waits for its permit, it leaves the queue
+// and completes with admission_cancelled, giving back its slot; a permit
+// granted at that very moment wins and the call goes on (to be stopped
+// before the pool is touched, with admission_cancelled too). While the work
+// runs, the server is asked to cancel the statement in progress (the pool's
+// cancel(), which never blocks the cancelling thread for long); the permits
+// stay held until the rollback and the connection's return are done, and
+// the call completes with work_cancelled. options::deadline and queue_wait
+// bound the wait as in the blocking API (a steady_timer while queued, on one
+// timer thread shared by the process: the handler's executor may belong to
+// no event loop). Nothing frees the permits early: the operation
+// owns the handler, so the awaiting coroutine lives until the work has
+// unwound, and a caller that lost interest (a destroyed future, the losing
+// side of an awaitable `||`) does not shorten the work.
+//
+// Why standalone Asio (1.22 in Debian 12's libasio-dev, 1.30 in Debian 13):
+// one small header-only package, with C++20 coroutines, completion tokens
+// and per-operation cancellation, and no Boost in the dependency chain of a
+// library whose core needs nothing but the standard library. Boost.Asio
+// programs can drive the gate through a plain callback or a std::future.
+//
+// Lifetime. The gate, its pool and the execution context of the handler's
+// executor must outlive every call in progress (the operation keeps that
+// executor's work count up, so io_context::run() does not return early).
+#pragma once
+
+#include <bulkhead/db_bulkhead.hpp>
+
+#include <asio/associated_allocator.hpp>
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/cancellation_type.hpp>
+#include <asio/executor_work_guard.hpp>
+#include <asio/io_context.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <atomic>
+#include <concepts>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <stop_token>
+#include <system_error>
+#include <thread>
+#include <type_traits>
+#include <utility>
+
+namespace bulkhead::detail {
+
+/// The event loop of every queue-wait timer in the process: one thread,
+/// started on first use, stopped and joined at exit (when no call may be in
+/// flight). The handler's own executor cannot serve: it may belong to no
+/// event loop at all (use_future's, a plain callback's system_executor). An
+/// expiry only takes the node out of the queue and posts the completion to
+/// the handler's executor; nothing else runs here.
+class queue_wait_clock_thread {
+public:
+    queue_wait_clock_thread() : m_thread([this] { m_context.run(); }) {}
+    queue_wait_clock_thread(const queue_wait_clock_thread&) = delete;
+    queue_wait_clock_thread& operator=(const queue_wait_clock_thread&) = delete;
+    ~queue_wait_clock_thread() {
+        m_guard.reset();
+        m_context.stop();
+        m_thread.join();
+    }
+    [[nodiscard]] asio::io_context& context() noexcept { return m_context; }
+
+private:
+    asio::io_context m_context{1};
+    asio::executor_work_guard<asio::io_context::executor_type> m_guard{m_context.get_executor()};
+    std::thread m_thread;
+};
+
+/// The process's queue-wait timer loop.
+/// \throws std::system_error when its thread cannot be started.
+inline asio::io_context& queue_wait_clock() {
+    static queue_wait_clock_thread clock;
+    return clock.context();
+}
+
+/// The parts of a gate that the asynchronous front end uses.
+struct async_access {
+    template <class Gate>
+    using times_t = admission_times;
+    template <class Gate>
+    using limit_t = permit_wait_limit;
+    /// What the callback receives.
+    template <class Gate>
+    using work_arg_t = decltype(*std::declval<typename Gate::pool_type::transaction&>());
+
+    template <class Gate, class Work>
+    static void check_call(Gate& gate, const typename Gate::options& call, const Work& work) {
+        Gate::check_callable(work);
+        if (call.queue_wait < call.queue_wait.zero()) {
+            throw std::invalid_argument("bulkhead::db_bulkhead: queue_wait must not be negative");
+        }
+        gate.m_core.m_workers.start();
+        (void)queue_wait_clock();  // started here, where a failure can still be thrown
+    }
+    template <class Gate>
+    static auto take_slot(Gate& gate, const typename Gate::options& call) {
+        return gate.take_slot(call);
+    }
+    template <class Gate>
+    static fifo_semaphore& permits(Gate& gate) noexcept {
+        return gate.m_core.m_running;
+    }
+    template <class Gate>
+    static work_threads& workers(Gate& gate) noexcept {
+        return gate.m_core.m_workers;
+    }
+    template <class Gate>
+    static void release_slot(Gate& gate) noexcept {
+        gate.m_core.m_slots.release();
+    }
+    template <class Gate>
+    static reject_reason refuse_after_slot(Gate& gate, wait_status waited, const limit_t<Gate>& limit) noexcept {
+        return gate.refuse_after_slot(waited, limit);
+    }
+    template <class Gate>
+    static void record_permit_wait(Gate& gate, const times_t<Gate>& times) noexcept {
+        gate.m_metrics.permit_wait.record(times.permitted - times.admitted);
+    }
+    template <class Gate, class Work>
+    static decltype(auto) run_adopted(Gate& gate, const typename Gate::options& call, Work& work,
+                                      const times_t<Gate>& times, bool* started) {
+        return gate.run_adopted(call, work, times, started);
+    }
+};
+
+/// The completion signature for a callback returning T.
+template <class T>
+struct async_signature {
+    static_assert(std::default_initializable<T>,
+                  "bulkhead: async_transaction's callback must return void or a default-constructible type (an "
+                  "error completes with T{})");
+    using type = void(std::error_code, T);
+};
+template <>
+struct async_signature<void> {
+    using type = void(std::error_code);
+};
+
+/// A handler bound to its arguments, for post(): keeps the handler's
+/// associated allocator, so posting uses it too.
+template <class Handler, class... Args>
+struct bound_completion {
+    Handler handler;
+    std::tuple<Args...> args;
+
+    using allocator_type = asio::associated_allocator_t<Handler>;
+    [[nodiscard]] allocator_type get_allocator() const noexcept { return asio::get_associated_allocator(handler); }
+
+    void operator()() { std::apply(std::move(handler), std::move(args)); }
+};
+
+/// One asynchronous call in flight: its queue node, its job for a work
+/// thread, the handler, the copied options and callback, and the outcome.
+/// Allocated once with the handler's associated allocator; freed before the
+/// handler is invoked unless the queue-wait timer's handler has yet to run
+/// (a reference count, two at most, says who frees it).
+template <class Gate, class Work, class Handler>
+class transaction_operation final : public fifo_semaphore::async_node, public work_job {
+public:
+    using options = typename Gate::options;
+    using value_type = std::invoke_result_t<Work&, async_access::work_arg_t<Gate>>;
+    using executor_type = asio::associated_executor_t<Handler>;
+    using allocator_type = asio::associated_allocator_t<Handler>;
+    using times_type = async_access::times_t<Gate>;
+    using limit_type = async_access::limit_t<Gate>;
+
+    /// Starts a call: admission now (a rejection is posted at once), then
+    /// the permit now or the queue.
+    static void start(Gate& gate, const options& call, Work&& work, std::exception_ptr* failure, Handler&& handler) {
+        auto limit = async_access::take_slot(gate, call);
+        if (!limit) {
+            post_rejection(std::move(handler), make_error_code(limit.error()));
+            return;
+        }
+        times_type times;
+        times.admitted = times.permitted = Gate::clock::now();
+        transaction_operation* self = nullptr;
+        try {
+            self = create(gate, call, std::move(work), failure, std::move(handler), times, *limit);
+        } catch (...) {
+            async_access::release_slot(gate);  // nothing else was taken
+            throw;
+        }
+        self->enter_queue();
+    }
+
+private:
+    using queue_timer = asio::steady_timer;
+    using operation_allocator =
+        typename std::allocator_traits<allocator_type>::template rebind_alloc<transaction_operation>;
+
+    /// Cancellation slot handler: any cancellation type stops the call.
+    struct cancel_on_signal {
+        transaction_operation* self;
+        void operator()(asio::cancellation_type_t type) const noexcept {
+            if (type != asio::cancellation_type::none) {
+                self->m_stop.request_stop();
+            }
+        }
+    };
+
+    /// A stop request while queued: leave the queue, if no grant came first.
+    struct leave_on_stop {
+        transaction_operation* self;
+        void operator()() const noexcept { self->leave_queue(wait_status::cancelled); }
+    };
+
+    /// A stop of the caller's token stops the operation's own stop source.
+    struct forward_stop {
+        std::stop_source* target;
+        void operator()() const noexcept { target->request_stop(); }
+    };
+
+    /// The completion, posted to the handler's executor; owns the operation.
+    struct completion {
+        transaction_operation* self;
+
+        explicit completion(transaction_operation* op) noexcept : self(op) {}
+        completion(completion&& other) noexcept : self(std::exchange(other.self, nullptr)) {}
+        completion& operator=(completion&&) = delete;
+        completion(const completion&) = delete;
+        completion& operator=(const completion&) = delete;
+        ~completion() {
+            if (self != nullptr) {
+                self->drop_reference();  // never run (the executor's context shut down): the handler goes with it
+            }
+        }
+
+        using allocator_type = transaction_operation::allocator_type;
+        [[nodiscard]] allocator_type get_allocator() const noexcept { return self->m_allocator; }
+
+        void operator()() { std::exchange(self, nullptr)->complete(); }
+    };
+
+    transaction_operation(Gate& gate, const options& call, Work&& work, std::exception_ptr* failure, Handler&& handler,
+                          const times_type& times, const limit_type& limit)
+        : fifo_semaphore::async_node(&on_granted),
+          work_job(&on_work_thread),
+          m_gate(gate),
+          m_call(call),
+          m_work(std::move(work)),
+          m_failure_out(failure),
+          m_handler(std::move(handler)),
+          m_allocator(asio::get_associated_allocator(m_handler)),
+          m_executor(asio::get_associated_executor(m_handler)),
+          m_work_guard(m_executor),
+          m_times(times),
+          m_limit(limit) {
+        m_call.stop = m_stop.get_token();  // the work sees every kind of stop through this one
+        if (call.stop.stop_possible()) {
+            m_forward_stop.emplace(call.stop, forward_stop{&m_stop});
+        }
+        auto slot = asio::get_associated_cancellation_slot(m_handler);
+        if (slot.is_connected()) {
+            slot.template emplace<cancel_on_signal>(cancel_on_signal{this});
+        }
+    }
+
+    static transaction_operation* create(Gate& gate, const options& call, Work&& work, std::exception_ptr* failure,
+                                         Handler&& handler, const times_type& times, const limit_type& limit) {
+        operation_allocator allocator(asio::get_associated_allocator(handler));
+        transaction_operation* memory = std::allocator_traits<operation_allocator>::allocate(allocator, 1);
+        try {
+            return ::new (static_cast<void*>(memory))
+                transaction_operation(gate, call, std::move(work), failure, std::move(handler), times, limit);
+        } catch (...) {
+            std::allocator_traits<operation_allocator>::deallocate(allocator, memory, 1);
+            throw;
+        }
+    }
+
+    /// Frees the operation (with a copy of its allocator, as Asio's own do).
+    void destroy() noexcept {
+        operation_allocator allocator(m_allocator);
+        this->~transaction_operation();
+        std::allocator_traits<operation_allocator>::deallocate(allocator, this, 1);
+    }
+
+    void drop_reference() noexcept {
+        // acq_rel: the last owner sees everything the other did to the operation.
+        if (m_references.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+            destroy();
+        }
+    }
+
+    static void post_rejection(Handler&& handler, std::error_code code) {
+        auto executor = asio::get_associated_executor(handler);
+        if constexpr (std::is_void_v<value_type>) {
+            asio::post(executor, bound_completion<Handler, std::error_code>{std::move(handler), {code}});
+        } else {
+            asio::post(executor, bound_completion<Handler, std::error_code, value_type>{std::move(handler),
+                                                                                        {code, value_type{}}});
+        }
+    }
+
+    /// On the calling thread: the permit now, or the queue. The stop
+    /// callback and the timer are set up before the node is linked; once it
+    /// is, a release may grant it and a work thread run and complete the
+    /// call at any moment. The initiating thread keeps a reference until it
+    /// is done here, so that it can still look once more: a stop or an
+    /// expiry that came before the node was linked found nothing to take
+    /// out of the queue, and is acted on now.
+    /// \note noexcept: a failure to allocate the timer's wait here (after
+    /// the slot was taken and the handler moved in) terminates.
+    void enter_queue() noexcept {
+        fifo_semaphore& permits = async_access::permits(m_gate);
+        if (permits.try_acquire()) {
+            schedule_work();
+            return;
+        }
+        if (m_stop.stop_requested()) {
+            finish_waiting(wait_status::cancelled);
+            return;
+        }
+        if (m_limit.wait <= m_limit.wait.zero()) {
+            finish_waiting(wait_status::timed_out);
+            return;
+        }
+        // relaxed: nobody else holds the operation yet.
+        m_references.fetch_add(1, std::memory_order_relaxed);  // this thread's, until the end of this function
+        if (m_limit.wait < std::chrono::hours(24 * 365)) {
+            m_wait_until = Gate::clock::now() + m_limit.wait;
+            m_timer.emplace(queue_wait_clock().get_executor(), m_wait_until);
+            m_references.fetch_add(1, std::memory_order_relaxed);  // the timer's handler holds one
+            m_timer->async_wait([this](const std::error_code& error) {
+                if (!error) {
+                    leave_queue(wait_status::timed_out);
+                }
+                drop_reference();
+            });
+        }
+        m_leave_on_stop.emplace(m_stop.get_token(), leave_on_stop{this});
+        if (permits.acquire_or_enqueue(*this)) {
+            m_times.permitted = Gate::clock::now();
+            schedule_work();
+        } else if (m_stop.stop_requested()) {
+            leave_queue(wait_status::cancelled);
+        } else if (m_timer && Gate::clock::now() >= m_wait_until) {
+            leave_queue(wait_status::timed_out);
+        }
+        drop_reference();
+    }
+
+    /// A release granted the permit (on the releasing thread).
+    static void on_granted(fifo_semaphore::async_node& node) noexcept {
+        auto& self = static_cast<transaction_operation&>(node);
+        self.m_times.permitted = Gate::clock::now();
+        async_access::workers(self.m_gate).push(self);
+    }
+
+    void schedule_work() noexcept { async_access::workers(m_gate).push(*this); }
+
+    /// A timeout or a stop while queued: if the node is still queued, the
+    /// call ends here without a permit; otherwise a grant is on its way.
+    void leave_queue(wait_status why) noexcept {
+        if (async_access::permits(m_gate).cancel(*this)) {
+            finish_waiting(why);
+        }
+    }
+
+    /// Ends a call that got no permit: the slot goes back, the reason is
+    /// counted, the completion is posted.
+    void finish_waiting(wait_status why) noexcept {
+        m_times.permitted = Gate::clock::now();
+        async_access::record_permit_wait(m_gate, m_times);
+        m_code = make_error_code(async_access::refuse_after_slot(m_gate, why, m_limit));
+        post_completion();
+    }
+
+    void post_completion() noexcept {
+        try {
+            asio::post(m_executor, completion(this));
+        } catch (...) {
+            // Posting allocates; with no memory for it the call cannot be
+            // completed. Dropping it silently would hang the caller forever.
+            std::terminate();
+        }
+    }
+
+    /// On a work thread: the rest of the call, as transaction() runs it.
+    static void on_work_thread(work_job& job) noexcept {
+        auto& self = static_cast<transaction_operation&>(job);
+        self.run_work();
+        self.post_completion();
+    }
+
+    void run_work() noexcept {
+        // No queue wait is left to end: the stop callback (waiting for one
+        // running elsewhere, which finds the node gone from the queue) and the
+        // timer go now.
+        m_leave_on_stop.reset();
+        if (m_timer) {
+            m_timer->cancel();
+        }
+        async_access::record_permit_wait(m_gate, m_times);
+        bool started = false;
+        try {
+            if constexpr (std::is_void_v<value_type>) {
+                async_access::run_adopted(m_gate, m_call, m_work, m_times, &started);
+            } else {
+                m_value.emplace(async_access::run_adopted(m_gate, m_call, m_work, m_times, &started));
+            }
+        } catch (const rejected& rejection) {
+            if (started) {
+                fail(work_error::work_failed);  // from the callback itself: not the gate's rejection
+            } else {
+                m_code = make_error_code(rejection.reason());
+            }
+        } catch (const work_cancelled&) {
+            fail(work_error::work_cancelled);
+        } catch (const work_deadline_exceeded&) {
+            fail(work_error::work_deadline_exceeded);
+        } catch (const commit_unknown&) {
+            fail(work_error::commit_unknown);
+        } catch (...) {
+            fail(work_error::work_failed);
+        }
+    }
+
+    /// Inside a catch handler.
+    void fail(work_error error) noexcept {
+        m_code = make_error_code(error);
+        m_failure = std::current_exception();
+    }
+
+    /// On the handler's executor: hands the outcome to the handler.
+    void complete() {
+        auto slot = asio::get_associated_cancellation_slot(m_handler);
+        if (slot.is_connected()) {
+            slot.clear();
+        }
+        if (m_failure_out != nullptr) {
+            *m_failure_out = std::move(m_failure);
+        }
+        Handler handler(std::move(m_handler));
+        const std::error_code code = m_code;
+        auto work_guard = std::move(m_work_guard);  // keeps the context running until the handler has run
+        if constexpr (std::is_void_v<value_type>) {
+            drop_reference();
+            std::move(handler)(code);
+        } else {
+            value_type value = m_value ? std::move(*m_value) : value_type{};
+            drop_reference();
+            std::move(handler)(code, std::move(value));
+        }
+    }
+
+    Gate& m_gate;
+    options m_call;  // the caller's, with `stop` replaced by m_stop's token
+    Work m_work;
+    std::exception_ptr* m_failure_out;
+    Handler m_handler;
+    allocator_type m_allocator;
+    executor_type m_executor;
+    asio::executor_work_guard<executor_type> m_work_guard;
+    times_type m_times;  // `permitted` written by whoever grants, before the job is queued
+    limit_type m_limit;
+    std::stop_source m_stop;  // Asio cancellation, the caller's stop and nothing else stop this
+    std::optional<std::stop_callback<forward_stop>> m_forward_stop;
+    std::optional<std::stop_callback<leave_on_stop>> m_leave_on_stop;  // while queued
+    std::optional<queue_timer> m_timer;                                // while queued with a finite wait
+    typename Gate::clock::time_point m_wait_until{};                   // the timer's expiry, when there is one
+    std::atomic<int> m_references{1};  // the call; the timer's handler; the initiating thread, briefly
+    std::error_code m_code;            // the outcome, set before completion
+    std::exception_ptr m_failure;
+    std::optional<std::conditional_t<std::is_void_v<value_type>, char, value_type>> m_value;
+};
+
+/// The initiation Asio calls (at once, or when a deferred operation is
+/// launched).
+template <class Gate>
+struct initiate_transaction {
+    Gate* gate;
+
+    template <class Handler, class Work>
+    void operator()(Handler&& handler, const typename Gate::options& call, Work&& work,
+                    std::exception_ptr* failure) const {
+        using operation = transaction_operation<Gate, std::decay_t<Work>, std::decay_t<Handler>>;
+        std::decay_t<Work> owned(std::forward<Work>(work));
+        std::decay_t<Handler> owned_handler(std::forward<Handler>(handler));
+        operation::start(*gate, call, std::move(owned), failure, std::move(owned_handler));
+    }
+};
+
+template <class Token>
+struct async_frontend {
+    template <class Gate, class Work, class CompletionToken>
+    static auto initiate(Gate& gate, const typename Gate::options& call, Work&& work, std::exception_ptr* failure,
+                         CompletionToken&& token) {
+        async_access::check_call(gate, call, work);
+        using value_type = std::invoke_result_t<std::decay_t<Work>&, async_access::work_arg_t<Gate>>;
+        using signature = typename async_signature<value_type>::type;
+        return asio::async_initiate<CompletionToken, signature>(initiate_transaction<Gate>{&gate}, token, call,
+                                                                std::forward<Work>(work), failure);
+    }
+};
+
+}  // namespace bulkhead::detail

@@ -1,0 +1,139 @@
+// bulkhead: the threads that run asynchronous callers' database work.
+//
+// libpqxx blocks, so a coroutine's transaction cannot run on its event-loop
+// thread. A gate's async front end (asio.hpp) hands each admitted call, once
+// it holds an execution permit, to one of these threads. There are exactly B
+// of them (the gate's execution permits), started together on the gate's
+// first asynchronous call: a job is queued only by a caller that holds a
+// permit, so at most B jobs exist at once and none waits here for long. The
+// gate's FIFO decides the order; this queue only keeps it.
+//
+// A job is an intrusive node in its operation's state: queueing allocates
+// nothing. A thread that queues a job while it is one of these threads (a
+// worker releasing its permit to the next asynchronous waiter) does not wake
+// another: it takes the job itself when it comes back for more, so a
+// handoff from one coroutine's work to the next costs no wake at all.
+//
+// Thread safety: push() may be called from any thread; start() from any,
+// and only the first call starts threads. The destructor asks the threads to
+// finish and joins them; no job may be queued or running then (the gate
+// must outlive every call, which says the same).
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace bulkhead::detail {
+
+/// One piece of work for a work thread; lives in its owner's state.
+struct work_job {
+    /// Runs the job on a work thread; the node may be destroyed inside.
+    using run_function = void (*)(work_job& job) noexcept;
+
+    explicit work_job(run_function run) noexcept : m_run(run) {}
+
+    work_job* m_next = nullptr;  // guarded by the work_threads' mutex while queued
+    run_function m_run;          // set once
+};
+
+/// B threads that run work_jobs in the order they were queued.
+class work_threads {
+public:
+    explicit work_threads(int count) noexcept : m_count(count) {}
+    work_threads(const work_threads&) = delete;
+    work_threads& operator=(const work_threads&) = delete;
+
+    ~work_threads() {
+        {
+            const std::lock_guard lock(m_mutex);
+            m_stopping = true;
+        }
+        m_wake.notify_all();
+        for (std::thread& thread : m_threads) {
+            thread.join();
+        }
+    }
+
+    /// Starts the threads, once; later calls return at once.
+    /// \throws std::system_error when a thread cannot be started (those
+    /// started so far keep serving; the next call tries again for the rest).
+    void start() {
+        const std::lock_guard lock(m_mutex);
+        if (m_threads.size() == static_cast<std::size_t>(m_count)) {
+            return;
+        }
+        m_threads.reserve(static_cast<std::size_t>(m_count));
+        while (m_threads.size() < static_cast<std::size_t>(m_count)) {
+            m_threads.emplace_back([this] { serve(); });
+        }
+    }
+
+    /// Queues `job` behind those already queued. Never blocks for long,
+    /// never allocates. Precondition: start() has succeeded at least once.
+    void push(work_job& job) noexcept {
+        bool wake = false;
+        {
+            const std::lock_guard lock(m_mutex);
+            job.m_next = nullptr;
+            (m_tail != nullptr ? m_tail->m_next : m_head) = &job;
+            m_tail = &job;
+            // A worker queueing work takes it itself when it comes back.
+            wake = m_idle > 0 && current_set() != this;
+        }
+        if (wake) {
+            m_wake.notify_one();
+        }
+    }
+
+    /// Threads started: an observation.
+    [[nodiscard]] std::size_t started() const {
+        const std::lock_guard lock(m_mutex);
+        return m_threads.size();
+    }
+
+    /// True on one of this set's threads.
+    [[nodiscard]] bool on_work_thread() const noexcept { return current_set() == this; }
+
+private:
+    static const work_threads*& current_set() noexcept {
+        thread_local const work_threads* set = nullptr;
+        return set;
+    }
+
+    void serve() noexcept {
+        current_set() = this;
+        std::unique_lock lock(m_mutex);
+        for (;;) {
+            while (m_head == nullptr && !m_stopping) {
+                ++m_idle;
+                m_wake.wait(lock);
+                --m_idle;
+            }
+            if (m_head == nullptr) {
+                return;  // stopping, and nothing left
+            }
+            work_job& job = *m_head;
+            m_head = job.m_next;
+            if (m_head == nullptr) {
+                m_tail = nullptr;
+            }
+            lock.unlock();
+            job.m_run(job);
+            lock.lock();
+        }
+    }
+
+    const int m_count;
+    mutable std::mutex m_mutex;          // guards everything below
+    std::condition_variable m_wake;      // idle threads wait here
+    std::vector<std::thread> m_threads;  // guarded by m_mutex
+    work_job* m_head = nullptr;          // guarded by m_mutex
+    work_job* m_tail = nullptr;          // guarded by m_mutex
+    int m_idle = 0;                      // guarded by m_mutex: threads waiting on m_wake
+    bool m_stopping = false;             // guarded by m_mutex
+};
+
+}  // namespace bulkhead::detail
