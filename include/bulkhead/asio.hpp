@@ -362,15 +362,14 @@ private:
         // relaxed: nobody else holds the operation yet.
         m_references.fetch_add(1, std::memory_order_relaxed);  // this thread's, until the end of this function
         if (m_limit.wait < std::chrono::hours(24 * 365)) {
-            m_wait_until = Gate::clock::now() + m_limit.wait;
-            m_timer.emplace(queue_wait_clock().get_executor(), m_wait_until);
-            m_references.fetch_add(1, std::memory_order_relaxed);  // the timer's handler holds one
-            m_timer->async_wait([this](const std::error_code& error) {
-                if (!error) {
-                    leave_queue(wait_status::timed_out);
-                }
-                drop_reference();
-            });
+            try {
+                arm_timer();
+            } catch (...) {
+                // No memory for the timer's wait (the only thing here that
+                // can fail): the slot is held and the handler moved in, and
+                // there is no way left to complete the call.
+                std::terminate();
+            }
         }
         m_leave_on_stop.emplace(m_stop.get_token(), leave_on_stop{this});
         if (permits.acquire_or_enqueue(*this)) {
@@ -382,6 +381,20 @@ private:
             leave_queue(wait_status::timed_out);
         }
         drop_reference();
+    }
+
+    /// The queue wait's timer, on the process's timer loop; its handler
+    /// holds a reference.
+    void arm_timer() {
+        m_wait_until = Gate::clock::now() + m_limit.wait;
+        m_timer.emplace(queue_wait_clock().get_executor(), m_wait_until);
+        m_references.fetch_add(1, std::memory_order_relaxed);  // nobody else holds the operation yet
+        m_timer->async_wait([this](const std::error_code& error) {
+            if (!error) {
+                leave_queue(wait_status::timed_out);
+            }
+            drop_reference();
+        });
     }
 
     /// A release granted the permit (on the releasing thread).
@@ -433,7 +446,13 @@ private:
         // timer go now.
         m_leave_on_stop.reset();
         if (m_timer) {
-            m_timer->cancel();
+            try {
+                m_timer->cancel();  // its handler runs soon with operation_aborted
+            } catch (...) {
+                // Not cancelled (asio reports a failure of the reactor): the
+                // timer fires when due, finds the node gone, and only drops
+                // its reference then.
+            }
         }
         async_access::record_permit_wait(m_gate, m_times);
         bool started = false;

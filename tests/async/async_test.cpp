@@ -111,17 +111,21 @@ TEST_CASE("[F1] threads and coroutines share the slots and permits, granted in a
     bulkhead_test::blocker<gate_t> busy(gate);  // holds the one permit
     std::vector<std::thread> threads;
     std::vector<std::unique_ptr<outcome>> coroutines;
-    const char* const kinds[] = {"thread-1", "coroutine-1", "thread-2", "coroutine-2"};
-    for (int i = 0; i < 4; ++i) {
-        const char* who = kinds[i];
-        if (who[0] == 't') {
-            threads.emplace_back([&gate, &record, who] { gate.transaction(10s, record(who)); });
+    struct arrival {
+        const char* who;
+        bool thread;
+    };
+    int queued = 0;
+    for (const arrival next : {arrival{"thread-1", true}, arrival{"coroutine-1", false}, arrival{"thread-2", true},
+                               arrival{"coroutine-2", false}}) {
+        if (next.thread) {
+            threads.emplace_back([&gate, &record, next] { gate.transaction(10s, record(next.who)); });
         } else {
             coroutines.push_back(std::make_unique<outcome>());
             asio::co_spawn(
                 io.executor(),
-                [&gate, &record, who, out = coroutines.back().get()]() -> asio::awaitable<void> {
-                    auto [ec, v] = co_await gate.async_transaction({.queue_wait = 10s}, record(who),
+                [&gate, &record, next, out = coroutines.back().get()]() -> asio::awaitable<void> {
+                    auto [ec, v] = co_await gate.async_transaction({.queue_wait = 10s}, record(next.who),
                                                                    bulkhead_test::as_tuple(asio::use_awaitable));
                     out->code = ec;
                     out->value = v;
@@ -129,7 +133,8 @@ TEST_CASE("[F1] threads and coroutines share the slots and permits, granted in a
                 },
                 asio::detached);
         }
-        bulkhead_test::await([&] { return gate.waiting() == i + 1; });  // arrival order fixed
+        ++queued;
+        bulkhead_test::await([&] { return gate.waiting() == queued; });  // arrival order fixed
     }
     // One running and four queued: the B + Q slots are all taken, for both kinds.
     CHECK(gate.available_slots() == 0);
@@ -573,6 +578,7 @@ TEST_CASE(
     std::atomic<int> duplicated{0};
     constexpr int calls = 3000;
     std::vector<std::unique_ptr<std::atomic<int>>> completed_per_call;
+    completed_per_call.reserve(calls);
     for (int i = 0; i < calls; ++i) {
         completed_per_call.push_back(std::make_unique<std::atomic<int>>(0));
     }
@@ -584,11 +590,13 @@ TEST_CASE(
         return 1;
     };
     std::vector<std::unique_ptr<asio::cancellation_signal>> signals;
+    signals.reserve(calls);
     for (int i = 0; i < calls; ++i) {
         signals.push_back(std::make_unique<asio::cancellation_signal>());
     }
     std::mt19937 random(20261201);
     std::vector<std::thread> blocking;
+    blocking.reserve(2);
     std::atomic<int> blocking_ok{0};
     for (int t = 0; t < 2; ++t) {
         blocking.emplace_back([&] {
