@@ -423,9 +423,18 @@ private:
         post_completion();
     }
 
+    /// Posts the completion from whatever thread ended the call (a work
+    /// thread, the timer thread, a stopping thread). This thread holds a
+    /// work count of its own on the executor until post() has returned:
+    /// otherwise the handler could run, the context finish and be destroyed
+    /// while post() was still signalling it (Asio unlocks before it
+    /// signals). Releasing that count is then the last touch, under the
+    /// context's own lock.
     void post_completion() noexcept {
+        executor_type executor = m_executor;  // copied: the operation may be gone once posted
+        const asio::executor_work_guard<executor_type> keep_running(executor);
         try {
-            asio::post(m_executor, completion(this));
+            asio::post(executor, completion(this));
         } catch (...) {
             // Posting allocates; with no memory for it the call cannot be
             // completed. Dropping it silently would hang the caller forever.
