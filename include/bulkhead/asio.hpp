@@ -397,6 +397,23 @@ private:
         });
     }
 
+    /// Ends the queue wait's timer, if any: its handler runs soon with
+    /// operation_aborted and drops its reference, so neither the operation
+    /// nor the timer outlives the call by the rest of the wait. Called once,
+    /// by whoever ended the wait (a grant, a stop, an expiry); the timer's
+    /// handler never touches the timer itself.
+    void cancel_timer() noexcept {
+        if (m_timer) {
+            try {
+                m_timer->cancel();
+            } catch (...) {
+                // Not cancelled (Asio reports a failure of its reactor): the
+                // timer fires when due, finds the node gone, and drops its
+                // reference then.
+            }
+        }
+    }
+
     /// A release granted the permit (on the releasing thread).
     static void on_granted(fifo_semaphore::async_node& node) noexcept {
         auto& self = static_cast<transaction_operation&>(node);
@@ -417,6 +434,7 @@ private:
     /// Ends a call that got no permit: the slot goes back, the reason is
     /// counted, the completion is posted.
     void finish_waiting(wait_status why) noexcept {
+        cancel_timer();
         m_times.permitted = Gate::clock::now();
         async_access::record_permit_wait(m_gate, m_times);
         m_code = make_error_code(async_access::refuse_after_slot(m_gate, why, m_limit));
@@ -454,15 +472,7 @@ private:
         // running elsewhere, which finds the node gone from the queue) and the
         // timer go now.
         m_leave_on_stop.reset();
-        if (m_timer) {
-            try {
-                m_timer->cancel();  // its handler runs soon with operation_aborted
-            } catch (...) {
-                // Not cancelled (asio reports a failure of the reactor): the
-                // timer fires when due, finds the node gone, and only drops
-                // its reference then.
-            }
-        }
+        cancel_timer();
         async_access::record_permit_wait(m_gate, m_times);
         bool started = false;
         try {
