@@ -94,6 +94,13 @@ public:
         return m_threads.size();
     }
 
+    /// Threads parked with nothing to do: an observation. When it equals
+    /// started(), no job runs and no completion is being posted.
+    [[nodiscard]] int idle() const {
+        const std::lock_guard lock(m_mutex);
+        return m_idle;
+    }
+
     /// True on one of this set's threads.
     [[nodiscard]] bool on_work_thread() const noexcept { return current_set() == this; }
 
