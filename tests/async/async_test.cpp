@@ -466,7 +466,7 @@ TEST_CASE("[F7] rejections complete with a bulkhead error code; the throwing for
             },
             asio::use_future);
         const std::string what = thrown.get();
-        CHECK_THAT(what, Catch::Matchers::Contains("admission_full"));
+        CHECK_THAT(what, Catch::Matchers::ContainsSubstring("admission_full"));
     }
     SECTION("deferred: nothing is taken until launched") {
         busy.go();
