@@ -90,12 +90,14 @@ void spin_until(const std::atomic<bool>& flag) {
     }
 }
 
-/// Spins without a syscall: the waiting thread itself never blocks, so the
-/// process's voluntary context switches count only the threads measured.
+/// Yields until `done()`: the waiting thread never blocks (a yield counts
+/// as an involuntary switch, if any), so the process's voluntary context
+/// switches count only the threads measured, and on a loaded machine it
+/// still lets them run.
 template <class Predicate>
 void spin_for(Predicate done) {
     while (!done()) {
-        bulkhead::detail::cpu_relax();
+        std::this_thread::yield();
     }
 }
 

@@ -2,8 +2,13 @@
 //
 // Including this header makes db_bulkhead::async_transaction() callable:
 //
-//   int n = co_await gate.async_transaction({.queue_wait = 20ms}, work, asio::use_awaitable);
-//   auto [ec, n] = co_await gate.async_transaction({}, work, as_tuple(asio::use_awaitable));
+//   const gate_t::options options{.queue_wait = 20ms};
+//   int n = co_await gate.async_transaction(options, work, asio::use_awaitable);
+//   auto [ec, m] = co_await gate.async_transaction(options, work, as_tuple(asio::use_awaitable));
+//
+// Name the options and the callback, as here, rather than passing
+// temporaries inside the co_await: g++ 12 destroys such temporaries twice
+// (docs/async.md has the measurement).
 //
 // One gate, one queue. An asynchronous caller takes an admission slot
 // exactly as a thread does (tried, never waited for) and queues for an

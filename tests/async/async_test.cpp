@@ -1,6 +1,10 @@
 // Contract F, the parts that need no database: coroutine (and other Asio
-// completion token) callers of a gate with the test-double pool. F3 and F10
-// need a server and are in tests/pg/async_pg_test.cpp.
+// completion token) callers of a gate with the test-double pool. F3 with a
+// server is in tests/pg/async_pg_test.cpp, F10 in tests/pg/http_service_test.cpp.
+// The temporaries passed inside co_await expressions here (options with an
+// empty stop token, lambdas capturing references) are trivially destructible:
+// g++ 12's double destruction of such temporaries (docs/async.md) does them
+// no harm.
 #include "asio_support.hpp"
 #include "fake_pool.hpp"
 #include "gate_blocker.hpp"
