@@ -20,6 +20,7 @@
 // must outlive every call, which says the same).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <mutex>
@@ -61,6 +62,10 @@ public:
     /// \throws std::system_error when a thread cannot be started (those
     /// started so far keep serving; the next call tries again for the rest).
     void start() {
+        // acquire: pairs with the release store below; once true, nothing here is needed.
+        if (m_started.load(std::memory_order_acquire)) {
+            return;
+        }
         const std::lock_guard lock(m_mutex);
         if (m_threads.size() == static_cast<std::size_t>(m_count)) {
             return;
@@ -69,6 +74,7 @@ public:
         while (m_threads.size() < static_cast<std::size_t>(m_count)) {
             m_threads.emplace_back([this] { serve(); });
         }
+        m_started.store(true, std::memory_order_release);
     }
 
     /// Queues `job` behind those already queued. Never blocks for long,
@@ -134,6 +140,7 @@ private:
     }
 
     const int m_count;
+    std::atomic<bool> m_started{false};  // every thread started: start() returns without the lock
     mutable std::mutex m_mutex;          // guards everything below
     std::condition_variable m_wake;      // idle threads wait here
     std::vector<std::thread> m_threads;  // guarded by m_mutex
