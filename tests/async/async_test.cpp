@@ -215,8 +215,8 @@ TEST_CASE("[F2] cancelling a waiting coroutine ends it with admission_cancelled 
 }
 
 TEST_CASE(
-    "[F3] cancelling while the work runs asks the pool to cancel; the permits stay held until cleanup "
-    "(test-double pool; the server's part is in the [pg] suite)",
+    "[F3] cancelling while the work runs asks the pool to cancel, and the permits stay held until cleanup "
+    "(test-double pool, the server's part is in the [pg] suite)",
     "[unit][async]") {
     fake_pool pool;
     gate_t gate(pool, 1, 1);
@@ -377,7 +377,7 @@ TEST_CASE("[F5] losing interest in the result (a destroyed future, a stopped eve
     }
 }
 
-TEST_CASE("[F6] a waiting coroutine holds no thread; the callback never runs on the caller's event-loop thread",
+TEST_CASE("[F6] a waiting coroutine holds no thread, and the callback never runs on the caller's event-loop thread",
           "[unit][async]") {
     fake_pool pool;
     constexpr int concurrent = 2;
@@ -431,7 +431,7 @@ TEST_CASE("[F6] a waiting coroutine holds no thread; the callback never runs on 
     CHECK(gate.available_slots() == concurrent + waiters);
 }
 
-TEST_CASE("[F7] rejections complete with a bulkhead error code; the throwing form raises a system_error naming it",
+TEST_CASE("[F7] rejections complete with a bulkhead error code, and the throwing form raises a system_error naming it",
           "[unit][async]") {
     fake_pool pool;
     gate_t gate(pool, 1, 0);

@@ -30,7 +30,7 @@ using gate_t = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
 #if BULKHEAD_HAVE_ASIO
 
 TEST_CASE(
-    "[F3] cancelling a coroutine while its statement runs cancels it on the server; the permits stay held "
+    "[F3] cancelling a coroutine while its statement runs cancels it on the server, and the permits stay held "
     "until the rollback and the connection's return",
     "[pg][F3]") {
     const std::string name = "bulkhead-f3";
