@@ -2,6 +2,11 @@
  * (include/bulkhead/fifo_semaphore.hpp, detail/wait_queue.hpp), checked
  * exhaustively with spin.
  *
+ * Two kinds of caller share ONE queue, in one arrival order: threads that
+ * block (worker: detail::waiter nodes on their stacks) and asynchronous
+ * callers (async_waiter: fifo_semaphore::async_node, with a canceller each).
+ * Node ids: threads 0 .. NWORKERS-1, async nodes NWORKERS .. NNODES-1.
+ *
  * What is modelled, step for step with the C++ code:
  *   - m_state, the packed word "free permits | waiters << 32": two variables
  *     that are only ever changed together inside one atomic block, which is a
@@ -10,10 +15,14 @@
  *   - try_acquire(): the lock-free fast path (fails while anyone waits);
  *   - release(): one fetch_add of the permit, whatever the word holds; if
  *     it saw waiters, hand_over(): under m_mutex it picks the oldest waiters
- *     while free permits remain (load, then a CAS taking one permit and one
- *     waiter together, retried) and unlinks them (`queued` = false); then,
- *     with m_mutex released, for each: `granted` under the node's lock,
- *     notify with no lock held, `handed_over` as its last touch of the node;
+ *     of either kind while free permits remain (load, then a CAS taking one
+ *     permit and one waiter together, retried) and unlinks them (`queued` =
+ *     false); then, with m_mutex released, calls each one's grant, reading
+ *     the node's `next` first: a thread's (waiter::wake_granted) is `granted`
+ *     under the node's lock, notify with no lock held, `handed_over` as its
+ *     last touch of the node; an async node's (async_node::deliver) runs the
+ *     owner's on_granted, modelled as the releaser setting the node's
+ *     async_granted flag, its only touch of the node;
  *   - wait(): the stop_callback registration (run inline when the stop came
  *     first), the early cancelled check under the node's lock,
  *     take_or_enqueue() under m_mutex, the sleep loop under the node's lock
@@ -24,6 +33,17 @@
  *     are destroyed, in that order;
  *   - cancel_waiter: run by the thread that requests the stop: `cancelled`
  *     under the node's lock, then notify with no lock held;
+ *   - acquire_or_enqueue(node): try_acquire(), else under m_mutex the same
+ *     take_or_enqueue() as a thread's (take a permit, or count the node in
+ *     and link it behind everyone queued), returning at once; a queued async
+ *     caller then waits (holding no thread) for on_granted or for its
+ *     canceller's cancel(node) == true, whichever comes first; with a permit
+ *     it does its work and releases (in the code on a work thread);
+ *   - cancel(node), by the canceller (the operation's timer or stop, another
+ *     thread), at any moment after acquire_or_enqueue() returned false, or
+ *     never: under m_mutex, still queued? remove it, one waiter less, true
+ *     (the call holds nothing) : false (a hand_over has unlinked it, its
+ *     on_granted has run or is about to, the permit is the caller's);
  *   - the condition variable: wait releases the node's lock atomically; a
  *     notify reaches the waiter only while it sleeps; a timed wait may wake
  *     at any moment (the deadline is abstract time) and then reports timeout
@@ -33,22 +53,32 @@
  *
  * What is checked (spin -a, pan with -DSAFETY: every reachable state):
  *   1. conservation: free + held + in flight == PERMITS in every state (no
- *      permit lost, none duplicated); "in flight" is a permit between a
- *      releaser's hands and the free count; a permit belongs to a waiter
- *      from the moment hand_over unlinks it;
+ *      permit lost, none duplicated), and so at quiescence; "in flight" is a
+ *      permit between a releaser's hands and the free count; a permit
+ *      belongs to a waiter of either kind from the moment hand_over unlinks
+ *      it;
  *   2. a wait that ends acquired holds exactly one permit, one that ends
  *      timed_out or cancelled holds none, and never more than PERMITS
- *      callers hold one at once;
- *   3. FIFO: hand_over grants the oldest queued waiter (no waiter still in the
- *      queue has an older ticket), and nobody takes a permit outside
- *      hand_over while someone is queued (no barging);
+ *      callers hold one at once; likewise for an async caller: granted (or
+ *      taken at once) holds one, cancelled while queued holds none;
+ *   3. FIFO across both kinds: hand_over grants the oldest queued node,
+ *      thread or async (no node still in the queue has an older ticket), a
+ *      node is unlinked before it is granted, and nobody takes a permit
+ *      outside hand_over while someone is queued (no barging);
  *   4. no waiter stuck with a permit available: "waiters > 0 and free > 0"
  *      only while a release() that saw waiters has not yet let go of m_mutex
- *      in its hand_over() (in every state), and every worker finishes (a
- *      waiter that sleeps forever is an invalid end state);
- *   5. a releaser touches a node (granted, notify, handed_over) only while
- *      its thread is still inside wait() (the node lives on that stack);
- *   6. at the end: every permit free, nobody queued.
+ *      in its hand_over() (in every state), and every caller finishes (a
+ *      thread that sleeps forever, or an async node that is never granted
+ *      nor cancelled, is an invalid end state);
+ *   5. the waiter count equals the queue's length (in every state of the
+ *      model, which folds the two changes into one step under m_mutex);
+ *   6. a releaser touches a node (granted, notify, handed_over; on_granted)
+ *      only while it is alive (a thread still inside wait(); an async node
+ *      until its canceller is done with it);
+ *   7. every queued async node gets exactly one of: on_granted (once), or
+ *      cancel(node) == true; cancel(node) == false only for a node a
+ *      hand_over has unlinked (its grant has come or is coming);
+ *   8. at the end: every permit free, nobody queued, every caller finished.
  *
  * Seeded bugs (compile with -D<NAME>; each must make the check fail):
  *   BUG_HANDOVER_FREES         hand_over leaves the permit in the free count
@@ -64,25 +94,49 @@
  *   BUG_NO_HANDOVER_WAIT       a granted waiter returns without waiting for
  *                              `handed_over` (its node may vanish while the
  *                              releaser still notifies it)
+ *   BUG_CANCEL_UNCHECKED       cancel(node) removes the node without checking
+ *                              `queued` (it may have been unlinked by a
+ *                              hand_over already)
+ *   BUG_CANCEL_ALWAYS_WINS     cancel(node) reports true (cancelled, holds
+ *                              nothing) also for a node a hand_over has
+ *                              unlinked: the granted permit is dropped
+ *   BUG_GRANT_KEEPS_LINKED     hand_over grants an async node (takes its
+ *                              permit and its waiter count) without unlinking
+ *                              it: it stays in the queue and `queued`
  *
  * Not modelled: release(count > 1); a lock that throws (the C++ code
  * terminates then: wait_queued(), release() and hand_over() are noexcept);
  * stop_possible() == false (the same as not passing a token). node_alive is
  * per thread, not per node: a releaser touching a node after its thread
  * started its next wait() would not be caught (the code reads and writes a
- * node only before handed_over, and the waiter returns only after it).
+ * node only before handed_over, and the waiter returns only after it). For
+ * async nodes: what on_granted does beyond taking the permit (asio.hpp hands
+ * the call to a work thread, which releases: here the async_waiter itself
+ * releases); an on_granted that destroys its node inside the call (the
+ * model's async node lives until its canceller is done; hand_over does not
+ * touch a node after its grant, having read `next` first); cancel(node)
+ * before acquire_or_enqueue() has returned (asio.hpp's stop callback may do
+ * that, gets false and, seeing the stop after acquire_or_enqueue() returns,
+ * cancels again: that re-check is asio.hpp's, not the semaphore's); one
+ * call per async waiter, one cancel per node.
  *
- * Sizes: NWORKERS threads (2 to 4, default 3), PERMITS (default 1), ROUNDS
- * acquisitions per thread (default 2; CI uses 1 with 3 threads). The kinds
- * of wait: acquire(), try_acquire_for(d), acquire(stop) and
- * try_acquire_for(d, stop); the stop kinds only in the first round (one stop
- * source per thread, whose stop a thread of its own may request at any
- * moment, or never). By default the roles are fixed (thread 0 acquire(),
- * thread 1 try_acquire_for(d), thread 2 and up either stop kind), which keeps
- * three threads to a few million states; with -DANY_KIND every thread
- * picks any kind in every round (CI runs that with 2 threads, 2 rounds).
+ * Sizes: NWORKERS threads (1 to 4, default 3), NASYNC async waiters (0 to 3,
+ * default 0: the thread-only configurations are exactly what they were
+ * before async nodes existed), PERMITS (default 1), ROUNDS acquisitions per
+ * thread (default 2; CI uses 1 with 3 threads). The kinds of wait:
+ * acquire(), try_acquire_for(d), acquire(stop) and try_acquire_for(d, stop);
+ * the stop kinds only in the first round (one stop source per thread, whose
+ * stop a thread of its own may request at any moment, or never). By default
+ * the roles are fixed (thread 0 acquire(), thread 1 try_acquire_for(d),
+ * threads STOPPABLE_FROM (default 2) and up either stop kind; with
+ * -DSTOPPABLE_FROM=1 thread 1 takes any of try_acquire_for(d) and the two
+ * stop kinds), which keeps three threads to a few million states; with
+ * -DANY_KIND every thread picks any kind in every round (CI runs that with 2
+ * threads, 2 rounds); with -DPLAIN_ONLY every thread calls acquire(). Each
+ * async waiter makes one acquire_or_enqueue() call; its canceller cancels it
+ * at any moment while it may be queued, or never.
  * tests/model/CMakeLists.txt lists the configurations CI checks, and
- * docs/reliability.md their state counts.
+ * docs/testing.md their state counts and times.
  */
 
 #ifndef NWORKERS
@@ -94,6 +148,18 @@
 #ifndef ROUNDS
 #define ROUNDS 2
 #endif
+#ifndef NASYNC
+#define NASYNC 0
+#endif
+#ifndef STOPPABLE_FROM
+#define STOPPABLE_FROM 2
+#endif
+
+/* Node ids: threads 0 .. NWORKERS-1, async nodes NWORKERS .. NNODES-1. */
+#define NNODES (NWORKERS + NASYNC)
+#define IS_ASYNC(node) ((node) >= NWORKERS && (node) < NNODES)
+/* The id under which the canceller of async node `node` takes m_mutex. */
+#define CANCELLER(node) (100 + (node))
 
 #define NOBODY 255
 
@@ -109,17 +175,30 @@ byte waiters = 0;        /* m_state, high half: queued waiters */
 
 byte mutex_owner = NOBODY;  /* m_mutex: a thread id, or NOBODY */
 
-/* detail::waiter, one node per worker (on its stack while it waits) */
-bool queued[NWORKERS];       /* guarded by m_mutex: linked in the queue */
+/* detail::queue_node, the part both kinds share: one per worker thread
+ * (a detail::waiter, on its stack while it waits) and one per async waiter
+ * (an async_node, in its operation's state) */
+bool queued[NNODES];        /* guarded by m_mutex: linked in the queue */
+bool node_alive[NNODES];    /* model only: the node exists (a thread is inside wait(); an
+                             * async node until its canceller is done with it) */
+
+/* detail::waiter, the thread's own part */
 bool granted[NWORKERS];      /* guarded by the node's lock */
 bool cancelled[NWORKERS];    /* guarded by the node's lock */
 bool handed_over[NWORKERS];  /* atomic: the releaser is done with the node */
-bool node_alive[NWORKERS];  /* model only: the node exists (thread is inside wait()) */
 bool sleeping[NWORKERS];    /* model only: blocked in wake.wait / wait_until */
 bool notified[NWORKERS];    /* model only: a notify_one reached the sleeper */
 
-/* detail::wait_queue: oldest first */
-byte queue[NWORKERS];
+/* fifo_semaphore::async_node, the asynchronous caller's part (indexed by
+ * node id; the entries of thread ids stay unused) */
+bool enqueued[NNODES];        /* model only: acquire_or_enqueue() returned false */
+bool async_granted[NNODES];   /* model only: a releaser ran its on_granted */
+bool left_queue[NNODES];      /* model only: cancel(node) returned true */
+bool canceller_done[NNODES];  /* model only: the canceller will not touch the node again */
+bool popped[NNODES];          /* model only: unlinked by a hand_over (the permit is the node's) */
+
+/* detail::wait_queue: oldest first, threads and async nodes in one order */
+byte queue[NNODES];
 byte qlen = 0;
 
 /* ---- the environment -------------------------------------------------- */
@@ -131,22 +210,29 @@ bool uses_stop[NWORKERS];       /* model only: the worker's current call takes t
 
 /* ---- model-only accounting -------------------------------------------- */
 
-byte owned[NWORKERS];   /* permits each worker holds */
+byte owned[NNODES];     /* permits each node's caller holds */
 byte in_flight = 0;     /* released, not yet free or granted */
 byte pending = 0;       /* releases that saw waiters and whose hand_over still holds or awaits m_mutex */
-byte holding = 0;       /* workers between acquire and release */
-byte ticket[NWORKERS];  /* arrival order into the queue */
+byte holding = 0;       /* callers between acquire and release */
+byte ticket[NNODES];    /* arrival order into the queue */
 byte next_ticket = 1;
 byte finished = 0;
 
-#if NWORKERS == 2
+#if NWORKERS < 1 || NWORKERS > 4 || NASYNC < 0 || NASYNC > 3
+#error "NWORKERS must be 1 to 4, NASYNC 0 to 3"
+#endif
+#if NNODES == 2
 #define OWNED (owned[0] + owned[1])
-#elif NWORKERS == 3
+#elif NNODES == 3
 #define OWNED (owned[0] + owned[1] + owned[2])
-#elif NWORKERS == 4
+#elif NNODES == 4
 #define OWNED (owned[0] + owned[1] + owned[2] + owned[3])
+#elif NNODES == 5
+#define OWNED (owned[0] + owned[1] + owned[2] + owned[3] + owned[4])
+#elif NNODES == 6
+#define OWNED (owned[0] + owned[1] + owned[2] + owned[3] + owned[4] + owned[5])
 #else
-#error "NWORKERS must be 2, 3 or 4"
+#error "NWORKERS + NASYNC must be 2 to 6"
 #endif
 
 /* ---- the invariants, checked in every reachable state ----------------- */
@@ -167,14 +253,18 @@ end:
     }
 }
 
+/* The code changes the count (a CAS on m_state) and the queue one after the
+ * other, both under m_mutex; the model folds the two into one step, so here
+ * they must agree in every state, which is the code's "equal whenever
+ * m_mutex is free". */
 active proctype queue_matches_waiter_count() {
 end:
-    atomic { (qlen > waiters) -> assert(qlen <= waiters) }
+    atomic { (qlen != waiters) -> assert(qlen == waiters) }
 }
 
 active proctype at_the_end() {
 end:
-    (finished == NWORKERS) ->
+    (finished == NNODES) ->
         assert(permits == PERMITS && waiters == 0 && qlen == 0 && in_flight == 0 && pending == 0 &&
                mutex_owner == NOBODY)
 }
@@ -241,16 +331,30 @@ inline pop_oldest(node) {
 #ifdef BUG_LIFO
     node = queue[qlen - 1];
     qlen--;
+    queued[node] = false;
 #else
     node = queue[0];
+#ifdef BUG_GRANT_KEEPS_LINKED
+    if
+    :: IS_ASYNC(node) -> skip  /* granted, but left linked and `queued` */
+    :: else ->
+#endif
     k = 0;
     do
     :: k + 1 < qlen -> queue[k] = queue[k + 1]; k++
     :: else -> break
     od;
     qlen--;
-#endif
     queued[node] = false;
+#ifdef BUG_GRANT_KEEPS_LINKED
+    fi;
+#endif
+#endif
+    assert(!queued[node]);  /* unlinked before it is granted: cancel(node) must see that */
+    if
+    :: IS_ASYNC(node) -> popped[node] = true
+    :: else -> skip
+    fi;
     /* FIFO: nobody still queued came before `node` */
     k = 0;
     do
@@ -307,10 +411,12 @@ inline release(me) {
 /* fifo_semaphore::hand_over(). Under m_mutex: seen = load; while the queue
  * is not empty and seen shows a free permit: CAS(seen, seen - one waiter - 1
  * permit), and on success seen = the value written, and pop the oldest onto
- * the end of the list of grantees (the permit is the waiter's from here).
- * Then, with m_mutex released, oldest first: granted = true (under its
- * lock), notify, handed_over = true. The list holds at most PERMITS (<= 2)
- * nodes: first and second. */
+ * the end of the list of grantees (the permit is the node's from here),
+ * whichever kind it is. Then, with m_mutex released, oldest first, each
+ * node's grant (node.next read before it): a thread's is granted = true
+ * (under its lock), notify, handed_over = true; an async node's is its
+ * owner's on_granted. The list holds at most PERMITS (<= 2) nodes: first
+ * and second. */
 inline hand_over(me) {
     atomic { mutex_owner == NOBODY -> mutex_owner = me; RELOAD; first = NOBODY; second = NOBODY }
     do
@@ -341,7 +447,8 @@ inline hand_over(me) {
     atomic { seen_permits = 0; seen_waiters = 0; assert(mutex_owner == me); mutex_owner = NOBODY; pending-- }
     do
     :: first == NOBODY -> break
-    :: first != NOBODY ->
+    :: first != NOBODY && !IS_ASYNC(first) ->
+        /* a thread's grant, waiter::wake_granted */
         d_step {
             next = first;
             first = second;  /* node.next, read before the node is handed over */
@@ -351,8 +458,64 @@ inline hand_over(me) {
         }
         atomic { notify(next) }  /* no lock held */
         d_step { assert(node_alive[next]); handed_over[next] = true }  /* the last touch */
+    :: first != NOBODY && IS_ASYNC(first) ->
+        /* an async node's grant, async_node::deliver: the owner's on_granted,
+         * on this thread, no lock held; the only touch of the node */
+        d_step {
+            next = first;
+            first = second;  /* node.next, read before the grant */
+            second = NOBODY;
+            assert(node_alive[next]);
+            assert(!async_granted[next]);  /* on_granted runs once */
+            assert(!left_queue[next]);     /* never for a node that cancel() took out */
+            async_granted[next] = true;    /* on_granted: the permit is the caller's */
+            next = 0
+        }
     od;
     next = 0
+}
+
+/* Under m_mutex (lock_guard): fifo_semaphore::take_or_enqueue(node). Takes
+ * m_mutex and loads `seen`, then takes a free permit if nobody is queued
+ * (CAS seen - 1), else counts the node in and queues it (CAS seen + one
+ * waiter, then push_back), retrying on a failed CAS; lets go of m_mutex.
+ * Ends with took (outcome = ACQUIRED) or joined. For an async node the
+ * unlock is also acquire_or_enqueue()'s return: queued (enqueued), its
+ * canceller may call cancel(node) from then on. */
+inline locked_take_or_enqueue(me) {
+    atomic { mutex_owner == NOBODY -> mutex_owner = me; RELOAD }
+    do
+    :: took || joined -> break
+    :: atomic {
+           !took && !joined && seen_waiters == 0 && seen_permits > 0 ->
+           if
+           :: CAS_MATCHES ->
+               assert(qlen == 0);
+               permits--;
+               owned[me]++;
+               took = true;
+               outcome = ACQUIRED
+           :: else -> RELOAD
+           fi
+       }
+    :: atomic {
+           !took && !joined && !(seen_waiters == 0 && seen_permits > 0) ->
+           if
+           :: CAS_MATCHES ->
+               waiters++;
+               joined = true;
+               push_back(me)
+           :: else -> RELOAD
+           fi
+       }
+    od;
+    atomic {
+        seen_permits = 0; seen_waiters = 0; took = false; assert(mutex_owner == me); mutex_owner = NOBODY;
+        if
+        :: IS_ASYNC(me) -> enqueued[me] = joined
+        :: else -> skip
+        fi
+    }
 }
 
 /* cancel_waiter::operator(), in thread `who`, for the node of `node`:
@@ -398,33 +561,7 @@ inline wait_slow(me, timed, stoppable, outcome) {
     /* under m_mutex: take_or_enqueue(node) */
     if
     :: outcome == WAITING ->
-        atomic { mutex_owner == NOBODY -> mutex_owner = me; RELOAD }
-        do
-        :: took || joined -> break
-        :: atomic {
-               !took && !joined && seen_waiters == 0 && seen_permits > 0 ->
-               if
-               :: CAS_MATCHES ->
-                   assert(qlen == 0);
-                   permits--;
-                   owned[me]++;
-                   took = true;
-                   outcome = ACQUIRED
-               :: else -> RELOAD
-               fi
-           }
-        :: atomic {
-               !took && !joined && !(seen_waiters == 0 && seen_permits > 0) ->
-               if
-               :: CAS_MATCHES ->
-                   waiters++;
-                   joined = true;
-                   push_back(me)
-               :: else -> RELOAD
-               fi
-           }
-        od;
-        atomic { seen_permits = 0; seen_waiters = 0; took = false; assert(mutex_owner == me); mutex_owner = NOBODY }
+        locked_take_or_enqueue(me)
     :: else -> skip
     fi;
     /* sleep(): under the node's lock, for (;;) { granted? cancelled? sleep } */
@@ -530,7 +667,7 @@ proctype worker(byte me) {
         if
         :: me == 0 || (round > 0 && me % 2 == 0) -> timed = false; stoppable = false
         :: me == 1 || (round > 0 && me % 2 == 1) -> timed = true;  stoppable = false
-        :: me >= 2 && round == 0 -> stoppable = true; if :: timed = false :: timed = true fi
+        :: me >= STOPPABLE_FROM && round == 0 -> stoppable = true; if :: timed = false :: timed = true fi
         :: else -> skip
         fi;
 #endif
@@ -582,11 +719,121 @@ end:   uses_stop[node];  /* only a call that takes the token can see the stop */
     fi
 }
 
+/* An asynchronous caller (asio.hpp's transaction_operation, reduced to what
+ * the semaphore sees): acquire_or_enqueue(node), then, if queued, whichever
+ * comes first of its on_granted (run by a releaser) and its canceller's
+ * cancel(node) == true; with the permit it does its work and releases (in
+ * the code a work thread does that; to the semaphore it is the same). */
+proctype async_waiter(byte me) {
+    bool ok, took, joined;
+    byte outcome, seen_permits, seen_waiters, next, k, first, second;
+    /* acquire_or_enqueue(node): try_acquire() first */
+    try_acquire(me, ok);
+    if
+    :: ok -> outcome = ACQUIRED
+    :: else ->
+        /* else under m_mutex: take_or_enqueue(node) */
+        outcome = WAITING;
+        locked_take_or_enqueue(me)
+    fi;
+    if
+    :: joined ->
+        /* queued: the grant or the cancel, whichever comes first; never both */
+        atomic {
+            async_granted[me] || left_queue[me] ->
+            if
+            :: async_granted[me] -> outcome = ACQUIRED
+            :: else -> outcome = CANCELLED
+            fi
+        }
+    :: else -> skip
+    fi;
+    if
+    :: outcome == ACQUIRED ->
+        assert(owned[me] == 1);
+        d_step { holding++; assert(holding <= PERMITS) }
+        holding--;  /* the work is done */
+        release(me)
+    :: else ->
+        assert(owned[me] == 0)  /* cancelled while queued: holds nothing */
+    fi;
+    if
+    :: joined ->
+        /* the operation (and its node) lives until its canceller is done */
+        d_step {
+            canceller_done[me];
+            /* exactly one of: granted, cancelled while queued */
+            assert(async_granted[me] != left_queue[me]);
+            joined = false
+        }
+    :: else -> skip
+    fi;
+    d_step { node_alive[me] = false; outcome = 0 }
+    finished++
+}
+
+/* cancel(node) on an async node, by another thread (its timer, a stop), at
+ * any moment after acquire_or_enqueue() has queued it, or never. Under
+ * m_mutex: still queued? leave (remove, one waiter less): the call is over
+ * and holds nothing. Else a release has unlinked it: its on_granted has run
+ * or is about to, and the permit is the caller's. */
+proctype canceller(byte node) {
+    bool result;
+    byte k;
+    /* only a queued node can be cancelled; whether it ever will be is
+     * decided then (in the same step: the choice itself is invisible) */
+end:
+    atomic {
+        enqueued[node] ->
+        if
+        :: canceller_done[node] = true  /* never cancels */
+        :: result = true
+        fi
+    };
+    if
+    :: !result -> skip
+    :: result ->
+        lock(CANCELLER(node));
+        d_step {
+            if
+#ifdef BUG_CANCEL_UNCHECKED
+            :: true ->
+#else
+            :: queued[node] ->
+#endif
+                remove(node);
+                waiters--;  /* fetch_sub(one_waiter) */
+                result = true
+            :: else -> result = false
+            fi;
+#ifdef BUG_CANCEL_ALWAYS_WINS
+            result = true;  /* reports "cancelled" also when a grant is on its way */
+#endif
+            assert(mutex_owner == CANCELLER(node)); mutex_owner = NOBODY;
+            /* what the owner does with the answer (model: folded in, it
+             * touches only the owner's own state) */
+            if
+            :: result ->
+                assert(owned[node] == 0);  /* taken out while queued: holds nothing */
+                left_queue[node] = true
+            :: else ->
+                assert(popped[node])  /* a release took it: its grant has come or is on its way */
+            fi;
+            result = false;
+            canceller_done[node] = true
+        }
+    fi
+}
+
 init {
     byte i = 0;
     atomic {
         do
         :: i < NWORKERS -> run worker(i); run stopper(i); i++
+        :: else -> break
+        od;
+        do
+        :: i < NNODES -> node_alive[i] = true; run async_waiter(i); run canceller(i); i++
         :: else -> break
         od
     }
