@@ -12,12 +12,12 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <csignal>
 
 #include <array>
 #include <atomic>
@@ -67,6 +67,7 @@ public:
         std::vector<std::string> words{program};
         words.insert(words.end(), arguments.begin(), arguments.end());
         std::vector<char*> argv;
+        argv.reserve(words.size() + 1);
         for (std::string& word : words) {
             argv.push_back(word.data());
         }
@@ -77,7 +78,7 @@ public:
         m_out = out[0];
         if (spawned != 0) {
             ::close(m_out);
-            FAIL("cannot start " << program << ": " << std::strerror(spawned));
+            FAIL("cannot start " << program << ": " << std::error_code(spawned, std::generic_category()).message());
         }
     }
     child_process(const child_process&) = delete;
@@ -417,7 +418,7 @@ TEST_CASE(
     // 20 ms got through, plus the B in flight when the run began.
     const long long duration_us = figure(load.output, R"(duration_us ([0-9]+))");
     REQUIRE(duration_us > 0);
-    CHECK(ok <= concurrent * duration_us / (sleep_ms * 1000) + concurrent);
+    CHECK(ok <= concurrent * duration_us / (sleep_ms * 1000LL) + concurrent);
 
     INFO("probes: " << probes);
     REQUIRE(probed_503.has_value());
