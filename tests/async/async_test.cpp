@@ -175,7 +175,7 @@ TEST_CASE("[F2] cancelling a waiting coroutine ends it with admission_cancelled 
         asio::post(io.executor(), [&] {
             gate.async_transaction(
                 {.queue_wait = 10s}, [](fake_pool::work&) { return 1; },
-                asio::bind_cancellation_slot(signal.slot(), out.handler()));
+                asio::bind_cancellation_slot(signal.slot(), asio::bind_executor(io.executor(), out.handler())));
         });
         bulkhead_test::await([&] { return gate.waiting() == 1; });
         CHECK(gate.available_slots() == 1);
@@ -226,8 +226,9 @@ TEST_CASE(
     outcome out;
     std::exception_ptr failure;
     asio::post(io.executor(), [&] {
-        gate.async_transaction({}, work.callback(), failure,
-                               asio::bind_cancellation_slot(signal.slot(), out.handler()));
+        gate.async_transaction(
+            {}, work.callback(), failure,
+            asio::bind_cancellation_slot(signal.slot(), asio::bind_executor(io.executor(), out.handler())));
     });
     work.entered.wait();
     asio::post(io.executor(), [&] { signal.emit(asio::cancellation_type::terminal); });
@@ -621,17 +622,23 @@ TEST_CASE(
         const int choice = static_cast<int>(random() % 4);
         auto* signal = signals[static_cast<std::size_t>(i)].get();
         auto* count = completed_per_call[static_cast<std::size_t>(i)].get();
-        asio::post(io.executor(), [&, signal, count, choice] {
+        const auto executor = io.executor();
+        asio::post(executor, [&, executor, signal, count, choice] {
+            // The handler runs on the event loop that emits the signal: Asio's
+            // rule for a cancellation slot (the completion clears it).
+            auto handler = asio::bind_executor(executor, [&, count](std::error_code ec, int v) {
+                if (count->fetch_add(1) != 0) {
+                    ++duplicated;
+                }
+                if (!ec && v == 1) {
+                    ++ok;
+                } else if (ec == work_error::work_cancelled) {
+                    ++cancelled_running;
+                }
+                ++completions;
+            });
             gate.async_transaction({.queue_wait = choice == 0 ? 0ms : std::chrono::milliseconds(choice)}, work,
-                                   asio::bind_cancellation_slot(signal->slot(), [&, count](std::error_code ec, int v) {
-                                       if (count->fetch_add(1) != 0) {
-                                           ++duplicated;
-                                       }
-                                       if (!ec && v == 1) {
-                                           ++ok;
-                                       }
-                                       ++completions;
-                                   }));
+                                   asio::bind_cancellation_slot(signal->slot(), std::move(handler)));
         });
         if (choice == 3) {
             asio::post(io.executor(), [signal] { signal->emit(asio::cancellation_type::terminal); });
