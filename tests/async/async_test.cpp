@@ -584,7 +584,7 @@ TEST_CASE(
     std::atomic<int> completions{0};
     std::atomic<int> ran{0};
     std::atomic<int> ok{0};
-    std::atomic<int> cancelled_running{0};  // cancelled after the callback had started: rolled back
+    std::atomic<int> cancelled_running{0};  // cancelled once the work had started (BEGIN sent): rolled back
     std::atomic<int> duplicated{0};
     constexpr int calls = 3000;
     std::vector<std::unique_ptr<std::atomic<int>>> completed_per_call;
@@ -652,7 +652,10 @@ TEST_CASE(
     io_two.stop();
     CHECK(duplicated == 0);
     CHECK(most_running <= concurrent);
-    CHECK(ran == ok + blocking_ok + cancelled_running);  // every run reported once: committed or rolled back
+    // Every committed call ran its callback once; a call cancelled after
+    // BEGIN may end work_cancelled before its callback starts.
+    CHECK(ran >= ok + blocking_ok);
+    CHECK(ran <= ok + blocking_ok + cancelled_running);
     CHECK(gate.available() == concurrent);
     CHECK(gate.available_slots() == concurrent + extra);
     CHECK(gate.waiting() == 0);
