@@ -22,20 +22,20 @@
 // holds no thread.
 //
 // Retry-After. A rejected call is told when the calls the gate holds now
-// should be done, in whole seconds, at least 1:
+// should be done, by the gate's own figures, in whole seconds, at least 1:
 //
-//   Retry-After = max(1, ceil((running + queued + 1) * per_call / B))
+//   Retry-After = max(1, ceil(gate.suggested_retry_delay()))
+//               = max(1, ceil((running + queued + 1) * mean permit hold / B))
 //
 // running = B - available() (calls holding a permit), queued = waiting()
-// (calls queued for one), +1 for the rejected call itself, and per_call the
-// mean time a call held its permit (pool wait + connection hold, from the
-// sums and counts of gate.stats()' histograms) over the last window of at
-// least one second that saw a call finish, or since start before the first
-// window ends. The gate drains B calls per per_call, so that is how long the
-// present backlog and the retry take. When no call has finished yet per_call
-// is 0 and the answer 1 s. A database that stops answering altogether
-// finishes no call, so the estimate stays at its last value until calls
-// finish again. Capped at one hour. docs/http_service.md works an example.
+// (calls queued for one), +1 for the rejected call itself, and the mean
+// permit hold the gate's running mean of how long a transaction held its
+// permit (each finished one weighs 1/16). The gate drains B calls per mean
+// hold, so that is how long the present backlog and the retry take. When no
+// call has finished yet the gate suggests nothing and the answer is 1 s. A
+// database that stops answering altogether finishes no call, so the mean
+// stays at its last value until calls finish again. Capped at one hour.
+// docs/http_service.md works an example.
 //
 // The connection string comes from DB_URL (a libpq keyword string or URI),
 // as for the other examples: not on the command line, where `ps` would show
@@ -67,7 +67,6 @@
 #include <cctype>
 #include <charconv>
 #include <chrono>
-#include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
@@ -160,61 +159,12 @@ std::string value_statement(std::chrono::milliseconds sleep) {
 // Retry-After from the gate's own figures
 // ---------------------------------------------------------------------------
 
-/// The mean time a call holds its execution permit (pool wait + connection
-/// hold), over the last window of at least one second in which a call
-/// finished; since start until the first window ends. Reads gate.stats()
-/// (a few kilobytes of copying) at most once per window, so a storm of
-/// rejections does not pay for it on every answer. Event-loop thread only.
-class permit_hold_estimate {
-public:
-    /// The estimate now, in nanoseconds (0 before any call finished).
-    double per_call_ns(const gate_type& gate, clock_type::time_point now) {
-        if (!m_base || now - m_base_at >= window) {
-            const totals current = read(gate.stats());
-            if (m_base && current.hold_count > m_base->hold_count) {
-                m_estimate_ns = mean(current.wait_sum - m_base->wait_sum, current.wait_count - m_base->wait_count) +
-                                mean(current.hold_sum - m_base->hold_sum, current.hold_count - m_base->hold_count);
-            } else if (!m_base || m_estimate_ns == 0.0) {
-                m_estimate_ns = mean(current.wait_sum, current.wait_count) + mean(current.hold_sum, current.hold_count);
-            }
-            m_base = current;
-            m_base_at = now;
-        }
-        return m_estimate_ns;
-    }
-
-private:
-    static constexpr auto window = 1s;
-
-    struct totals {
-        std::uint64_t wait_sum = 0;
-        std::uint64_t wait_count = 0;
-        std::uint64_t hold_sum = 0;
-        std::uint64_t hold_count = 0;
-    };
-
-    static totals read(const bulkhead::gate_stats& stats) {
-        return {stats.pool_wait.sum(), stats.pool_wait.count(), stats.connection_hold.sum(),
-                stats.connection_hold.count()};
-    }
-
-    static double mean(std::uint64_t sum, std::uint64_t count) {
-        return count == 0 ? 0.0 : static_cast<double>(sum) / static_cast<double>(count);
-    }
-
-    std::optional<totals> m_base;  // the figures at the start of the current window
-    clock_type::time_point m_base_at{};
-    double m_estimate_ns = 0.0;
-};
-
-/// Retry-After in whole seconds: max(1, ceil((running + queued + 1) *
-/// per_call / B)), at most an hour. See the file comment.
-long retry_after_seconds(const gate_type& gate, double per_call_ns) {
-    const int running = gate.concurrent() - gate.available();
-    const int backlog = std::max(running, 0) + gate.waiting() + 1;
-    const double seconds = static_cast<double>(backlog) * per_call_ns / static_cast<double>(gate.concurrent()) / 1e9;
-    const double bounded = std::clamp(std::ceil(seconds), 1.0, 3600.0);
-    return static_cast<long>(bounded);
+/// Retry-After in whole seconds: the gate's suggested retry delay
+/// (gate.suggested_retry_delay()), rounded up, at least 1, at most an hour.
+/// See the file comment.
+long retry_after_seconds(const gate_type& gate) {
+    const auto delay = std::chrono::ceil<std::chrono::seconds>(gate.suggested_retry_delay());
+    return static_cast<long>(std::clamp<std::chrono::seconds::rep>(delay.count(), 1, 3600));
 }
 
 // ---------------------------------------------------------------------------
@@ -569,7 +519,7 @@ private:
         }
         if (bulkhead::is_rejection(code)) {
             ++m_answered_503;
-            const long retry_after = retry_after_seconds(m_gate, m_estimate.per_call_ns(m_gate, clock_type::now()));
+            const long retry_after = retry_after_seconds(m_gate);
             co_return response{.status = 503,
                                .body = "overloaded (" + std::string(bulkhead::to_string(bulkhead::rejection_of(code))) +
                                        "), retry after " + std::to_string(retry_after) + " s\n",
@@ -584,7 +534,6 @@ private:
 
     std::string stats_text() {
         const bulkhead::gate_stats stats = m_gate.stats();
-        const double per_call_ns = m_estimate.per_call_ns(m_gate, clock_type::now());
         std::string text;
         const auto line = [&text](std::string_view key, const auto& value) {
             text += key;
@@ -610,8 +559,9 @@ private:
         line("answered_200", m_answered_200);
         line("answered_500", m_answered_500);
         line("answered_503", m_answered_503);
-        line("per_call_us", static_cast<long>(per_call_ns / 1e3));
-        line("retry_after", retry_after_seconds(m_gate, per_call_ns));
+        line("mean_permit_hold_us",
+             static_cast<long>(std::chrono::duration_cast<std::chrono::microseconds>(stats.mean_permit_hold).count()));
+        line("retry_after", retry_after_seconds(m_gate));
         return text;
     }
 
@@ -621,7 +571,6 @@ private:
     const std::string m_value_sql;
     const std::string m_fail_sql = "SELECT 1/0";
     std::list<connection> m_connections;  // the connections being served
-    permit_hold_estimate m_estimate;
     failure_log m_failures;
     bool m_stopping = false;
     long m_answered_200 = 0;

@@ -161,6 +161,15 @@ struct async_access {
         return gate.refuse_after_slot(waited, limit);
     }
     template <class Gate>
+    static bool deadline_unreachable(const Gate& gate, const typename Gate::options& call,
+                                     const limit_t<Gate>& limit) noexcept {
+        return gate.deadline_unreachable(call, limit);
+    }
+    template <class Gate>
+    static reject_reason refuse_unreachable_deadline(Gate& gate, const limit_t<Gate>& limit) noexcept {
+        return gate.refuse_unreachable_deadline(limit);
+    }
+    template <class Gate>
     static void record_permit_wait(Gate& gate, const times_t<Gate>& times) noexcept {
         gate.m_metrics.permit_wait.record(times.permitted - times.admitted);
     }
@@ -362,6 +371,12 @@ private:
         }
         if (m_limit.wait <= m_limit.wait.zero()) {
             finish_waiting(wait_status::timed_out);
+            return;
+        }
+        if (async_access::deadline_unreachable(m_gate, m_call, m_limit)) {
+            // It would wait only to fail: refused now, no wait recorded.
+            m_code = make_error_code(async_access::refuse_unreachable_deadline(m_gate, m_limit));
+            post_completion();
             return;
         }
         // relaxed: nobody else holds the operation yet.

@@ -32,6 +32,7 @@
 #include <bulkhead/gate_stats.hpp>
 #include <bulkhead/result.hpp>
 
+#include <algorithm>
 #include <cassert>
 #include <chrono>
 #include <concepts>
@@ -488,6 +489,11 @@ public:
         /// the address of its frame: a task that is inside the gate and
         /// enters again is refused, another task on the same thread is not.
         const void* task = nullptr;
+        /// A call that must queue, whose deadline leaves less time than the
+        /// gate's expected queue wait (expected_queue_wait()), is refused at
+        /// once with deadline_exceeded instead of waiting to fail. False
+        /// waits up to the deadline whatever the estimate says.
+        bool reject_unreachable_deadline = true;
     };
 
     /// Creates a gate with `concurrent` (B) execution permits and
@@ -515,8 +521,11 @@ public:
     auto transaction(const options& call, Work&& work) {
         check_callable(work);
         admission_times times;
-        permit held = admit(call, &times).value();
-        return run(held, call, std::forward<Work>(work), times);
+        result<permit> held = admit(call, &times);
+        if (!held) {
+            throw_rejection(held.error(), suggested_retry_delay());
+        }
+        return run(*held, call, std::forward<Work>(work), times);
     }
 
     /// Same as transaction({.queue_wait = queue_wait}, work).
@@ -591,7 +600,13 @@ public:
     /// their own transaction inside the admitted scope. `call.transaction` is
     /// ignored.
     /// \throws as transaction() does for admission.
-    [[nodiscard]] permit enter(const options& call = {}) { return admit(call).value(); }
+    [[nodiscard]] permit enter(const options& call = {}) {
+        result<permit> held = admit(call);
+        if (!held) {
+            throw_rejection(held.error(), suggested_retry_delay());
+        }
+        return std::move(*held);
+    }
 
     /// Like enter(), reporting a rejection as a result.
     [[nodiscard]] result<permit> try_enter(const options& call = {}) { return admit(call); }
@@ -605,6 +620,31 @@ public:
 
     /// Callers queued for an execution permit right now.
     [[nodiscard]] int waiting() const noexcept { return static_cast<int>(m_core.m_running.waiting()); }
+
+    /// How long a call arriving now would wait for its execution permit, by
+    /// the gate's own figures: zero when a permit is free or nothing is
+    /// known yet (no transaction has finished); otherwise
+    /// (waiting() + 1) x mean permit hold / B. A mean, not a bound: it
+    /// assumes the calls ahead hold their permits as long as recent ones did.
+    [[nodiscard]] std::chrono::nanoseconds expected_queue_wait() const noexcept {
+        return available() > 0 ? std::chrono::nanoseconds(0) : queue_wait_estimate();
+    }
+
+    /// A delay after which a call turned away now may be admitted: the work
+    /// inside the gate and one more call, spread over its B permits,
+    /// (running + waiting() + 1) x mean permit hold / B, in whole
+    /// milliseconds rounded up, at least 1 ms. Zero when nothing is known
+    /// yet (no transaction has finished). Every rejection thrown by
+    /// transaction() carries it (rejected::retry_after()); asynchronous
+    /// callers and try_transaction() callers read it here.
+    [[nodiscard]] std::chrono::milliseconds suggested_retry_delay() const noexcept {
+        const int running = concurrent() - available();
+        const std::chrono::nanoseconds delay = spread_over_permits(running + waiting() + 1);
+        if (delay.count() == 0) {
+            return std::chrono::milliseconds(0);
+        }
+        return std::max(std::chrono::ceil<std::chrono::milliseconds>(delay), std::chrono::milliseconds(1));
+    }
 
     /// B, as constructed.
     [[nodiscard]] int concurrent() const noexcept { return m_core.m_concurrent; }
@@ -630,6 +670,8 @@ public:
         stats.running = stats.concurrent - stats.available;
         stats.queued = waiting();
         m_metrics.copy_to(stats);
+        stats.expected_queue_wait = expected_queue_wait();
+        stats.suggested_retry_delay = suggested_retry_delay();
         return stats;
     }
 
@@ -721,6 +763,36 @@ private:
         return refuse_reason(reject_reason::admission_cancelled);
     }
 
+    /// `calls` permit holds of the running mean spread over the B permits;
+    /// zero before the first transaction finished. Saturates instead of
+    /// overflowing.
+    [[nodiscard]] std::chrono::nanoseconds spread_over_permits(int calls) const noexcept {
+        const double mean = static_cast<double>(m_metrics.mean_permit_hold().count());
+        const double spread = mean * static_cast<double>(calls) / static_cast<double>(concurrent());
+        constexpr double most = 9.0e18;  // below INT64_MAX, exactly representable
+        return std::chrono::nanoseconds(spread < most ? static_cast<std::int64_t>(spread)
+                                                      : static_cast<std::int64_t>(most));
+    }
+
+    /// The expected permit wait of a call that finds no permit free.
+    [[nodiscard]] std::chrono::nanoseconds queue_wait_estimate() const noexcept {
+        return spread_over_permits(waiting() + 1);
+    }
+
+    /// For a call that found no permit free: true when its deadline, the
+    /// bound of its wait, leaves less time than the expected queue wait, so
+    /// that it would wait only to fail (and the caller opted in).
+    [[nodiscard]] bool deadline_unreachable(const options& call, const permit_wait_limit& limit) const noexcept {
+        return call.reject_unreachable_deadline && limit.deadline_binds && queue_wait_estimate() > limit.wait;
+    }
+
+    /// Refuses such a call: the slot goes back, deadline_exceeded, counted
+    /// as a rejection and as an early one.
+    reject_reason refuse_unreachable_deadline(const permit_wait_limit& limit) noexcept {
+        m_metrics.deadline_rejected_early();
+        return refuse_after_slot(wait_status::timed_out, limit);
+    }
+
     /// Both admission stages. Returns a permit or why there is none. With
     /// `times` (the transaction path) the admission and permit times are read
     /// and the permit wait recorded (zero when there was none). enter()
@@ -740,6 +812,9 @@ private:
                 m_metrics.permit_wait.record(0U);
             }
         } else {
+            if (deadline_unreachable(call, *slot)) {
+                return refuse_unreachable_deadline(*slot);
+            }
             const wait_status waited = m_core.m_running.try_acquire_for(slot->wait, call.stop);
             if (times != nullptr) {
                 times->permitted = clock::now();
@@ -783,7 +858,7 @@ private:
         }
         // Declared before the lease, so it is destroyed after it: it records
         // how long the connection was held, and the whole call.
-        call_timer timer(m_metrics, times.admitted);
+        call_timer timer(m_metrics, times);
         typename Pool::lease lease = acquire_lease(call);
         timer.connection_acquired();
         m_metrics.pool_wait.record(timer.leased_at() - times.permitted);
@@ -889,8 +964,8 @@ private:
     /// the call's connection has gone back to the pool.
     class call_timer {
     public:
-        call_timer(detail::gate_metrics& metrics, clock::time_point start) noexcept
-            : m_metrics(metrics), m_start(start) {}
+        call_timer(detail::gate_metrics& metrics, const admission_times& times) noexcept
+            : m_metrics(metrics), m_start(times.admitted), m_permitted(times.permitted) {}
         call_timer(const call_timer&) = delete;
         call_timer& operator=(const call_timer&) = delete;
         ~call_timer() {
@@ -899,6 +974,7 @@ private:
                 m_metrics.connection_hold.record(now - m_leased_at);
             }
             m_metrics.call.record(now - m_start);
+            m_metrics.permit_held(now - m_permitted);
         }
         void connection_acquired() noexcept {
             m_leased_at = clock::now();
@@ -909,6 +985,7 @@ private:
     private:
         detail::gate_metrics& m_metrics;
         clock::time_point m_start;
+        clock::time_point m_permitted;
         clock::time_point m_leased_at{};
         bool m_leased = false;
     };
@@ -1006,7 +1083,7 @@ private:
 
     [[noreturn]] void throw_refusal(reject_reason reason) {
         count_rejection(reason);
-        throw_rejection(reason);
+        throw_rejection(reason, suggested_retry_delay());
     }
 
     rollback_failure_hook rollback_hook() noexcept {

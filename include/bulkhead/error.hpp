@@ -20,6 +20,7 @@
 // outcomes of work that started.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -70,8 +71,19 @@ public:
     /// Why the call was turned away.
     [[nodiscard]] reject_reason reason() const noexcept { return m_reason; }
 
+    /// When trying again may succeed, by the gate's own figures at the time
+    /// of the rejection (db_bulkhead::suggested_retry_delay(): the work ahead
+    /// of a new call, spread over the gate's permits), for a `Retry-After`
+    /// header or a retry budget. Zero when the gate knew nothing yet (no
+    /// transaction had finished) or the exception was made elsewhere.
+    [[nodiscard]] std::chrono::milliseconds retry_after() const noexcept { return m_retry_after; }
+
+    /// Sets retry_after(); the gate calls it before throwing.
+    void set_retry_after(std::chrono::milliseconds delay) noexcept { m_retry_after = delay; }
+
 private:
     reject_reason m_reason;
+    std::chrono::milliseconds m_retry_after{0};
 };
 
 /// Every admission slot (B + Q) was taken; the call was refused at once,
@@ -136,21 +148,33 @@ public:
         : std::runtime_error(what) {}
 };
 
-/// Throws the exception of the `rejected` family that matches `reason`.
-[[noreturn]] inline void throw_rejection(reject_reason reason) {
+namespace detail {
+
+template <class Rejection>
+[[noreturn]] void throw_with_delay(Rejection rejection, std::chrono::milliseconds retry_after) {
+    rejection.set_retry_after(retry_after);
+    throw rejection;
+}
+
+}  // namespace detail
+
+/// Throws the exception of the `rejected` family that matches `reason`,
+/// with `retry_after` as its suggested retry delay.
+[[noreturn]] inline void throw_rejection(reject_reason reason,
+                                         std::chrono::milliseconds retry_after = std::chrono::milliseconds(0)) {
     switch (reason) {
         case reject_reason::admission_full:
-            throw admission_full();
+            detail::throw_with_delay(admission_full(), retry_after);
         case reject_reason::admission_timeout:
-            throw admission_timeout();
+            detail::throw_with_delay(admission_timeout(), retry_after);
         case reject_reason::admission_cancelled:
-            throw admission_cancelled();
+            detail::throw_with_delay(admission_cancelled(), retry_after);
         case reject_reason::pool_timeout:
-            throw pool_timeout();
+            detail::throw_with_delay(pool_timeout(), retry_after);
         case reject_reason::deadline_exceeded:
-            throw deadline_exceeded();
+            detail::throw_with_delay(deadline_exceeded(), retry_after);
     }
-    throw rejected(reason, "db admission rejected");
+    detail::throw_with_delay(rejected(reason, "db admission rejected"), retry_after);
 }
 
 // ---------------------------------------------------------------------------

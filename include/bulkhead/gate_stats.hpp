@@ -20,6 +20,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 
@@ -50,6 +51,23 @@ struct gate_stats {
     std::uint64_t work_deadline_exceeded = 0;  ///< of those: cut short by the deadline
     std::uint64_t rollback_failures = 0;       ///< rollbacks that failed (connection discarded)
     std::uint64_t commit_unknown = 0;          ///< COMMITs whose outcome could not be settled
+    /// Of rejected[deadline_exceeded]: calls refused at admission because
+    /// their deadline left less time than the expected queue wait (they
+    /// would have waited only to fail).
+    std::uint64_t deadline_rejected_early = 0;
+
+    // --- the gate's own estimates, at the time of the snapshot ----------------
+    /// The running mean of how long a transaction holds its execution
+    /// permit (from the permit to the connection's return; each finished
+    /// transaction weighs 1/16). Zero before the first one finished.
+    std::chrono::nanoseconds mean_permit_hold{0};
+    /// How long a call arriving now would wait for its permit:
+    /// (queued + 1) x mean_permit_hold / B when no permit is free, else zero.
+    std::chrono::nanoseconds expected_queue_wait{0};
+    /// The retry delay a rejection now would carry (rejected::retry_after()):
+    /// (running + queued + 1) x mean_permit_hold / B in whole milliseconds,
+    /// rounded up, at least 1 ms; zero before the first transaction finished.
+    std::chrono::milliseconds suggested_retry_delay{0};
 
     // --- latency distributions (nanoseconds) ----------------------------------
     histogram_snapshot permit_wait;      ///< admission to execution permit
@@ -77,6 +95,26 @@ public:
     void work_deadline_exceeded() noexcept { bump(m_work_deadline_exceeded); }
     void rollback_failed() noexcept { bump(m_rollback_failures); }
     void commit_unknown() noexcept { bump(m_commit_unknown); }
+    void deadline_rejected_early() noexcept { bump(m_deadline_rejected_early); }
+
+    /// Folds the permit hold of one finished transaction into the running
+    /// mean (weight 1/hold_weight). Racing updates may lose a sample; every
+    /// stored value is a mean of real samples.
+    void permit_held(std::chrono::nanoseconds held) noexcept {
+        const std::int64_t sample = held.count() > 0 ? held.count() : 1;
+        const std::int64_t mean = m_mean_hold_ns.load(std::memory_order_relaxed);
+        m_mean_hold_ns.store(mean == 0 ? sample : mean + (sample - mean) / hold_weight, std::memory_order_relaxed);
+    }
+
+    /// The running mean of permit holds; zero before the first sample.
+    [[nodiscard]] std::chrono::nanoseconds mean_permit_hold() const noexcept {
+        return std::chrono::nanoseconds(m_mean_hold_ns.load(std::memory_order_relaxed));
+    }
+
+    /// The weight of one sample in mean_permit_hold() is 1/hold_weight: the
+    /// mean follows a change of the database's speed within a few dozen
+    /// calls, and one slow call moves it by a sixteenth.
+    static constexpr std::int64_t hold_weight = 16;
 
     log_linear_histogram permit_wait;
     log_linear_histogram pool_wait;
@@ -96,6 +134,8 @@ public:
         stats.work_deadline_exceeded = read(m_work_deadline_exceeded);
         stats.rollback_failures = read(m_rollback_failures);
         stats.commit_unknown = read(m_commit_unknown);
+        stats.deadline_rejected_early = read(m_deadline_rejected_early);
+        stats.mean_permit_hold = mean_permit_hold();
         stats.permit_wait = permit_wait.snapshot();
         stats.pool_wait = pool_wait.snapshot();
         stats.connection_hold = connection_hold.snapshot();
@@ -122,6 +162,9 @@ private:
     std::atomic<std::uint64_t> m_work_deadline_exceeded{0};
     std::atomic<std::uint64_t> m_rollback_failures{0};
     std::atomic<std::uint64_t> m_commit_unknown{0};
+    std::atomic<std::uint64_t> m_deadline_rejected_early{0};
+    // Written by every finished transaction: a line of its own.
+    alignas(64) std::atomic<std::int64_t> m_mean_hold_ns{0};
 };
 
 }  // namespace detail

@@ -24,6 +24,7 @@
 
 #include <array>
 #include <charconv>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -148,6 +149,15 @@ private:
         family(out, name, type, help, "gate", m_gates, field);
     }
 
+    /// A gauge in seconds from a duration of gate_stats.
+    template <class Field>
+    void gate_seconds(std::string& out, std::string_view name, std::string_view help, Field field) const {
+        header(out, name, "gauge", help);
+        for (const auto& [gate, stats] : m_gates) {
+            sample(out, name, "gate", gate, std::chrono::duration<double>(field(stats)).count());
+        }
+    }
+
     void gate_histogram(std::string& out, std::string_view name, std::string_view help,
                         histogram_snapshot gate_stats::*field) const {
         header(out, name, "histogram", help);
@@ -196,6 +206,18 @@ private:
         gate_family(out, "bulkhead_commit_unknown_total", "counter",
                     "Commits whose connection was lost and whose outcome could not be settled.",
                     [](const gate_stats& s) { return s.commit_unknown; });
+        gate_family(out, "bulkhead_deadline_rejected_early_total", "counter",
+                    "Of the deadline rejections: calls refused at admission, their deadline shorter than the "
+                    "expected queue wait.",
+                    [](const gate_stats& s) { return s.deadline_rejected_early; });
+        gate_seconds(out, "bulkhead_mean_permit_hold_seconds",
+                     "Running mean of how long a transaction holds its execution permit.",
+                     [](const gate_stats& s) { return s.mean_permit_hold; });
+        gate_seconds(out, "bulkhead_expected_queue_wait_seconds",
+                     "How long a call arriving now would wait for its execution permit, by the gate's estimate.",
+                     [](const gate_stats& s) { return s.expected_queue_wait; });
+        gate_seconds(out, "bulkhead_suggested_retry_delay_seconds", "The retry delay a rejection now would carry.",
+                     [](const gate_stats& s) { return s.suggested_retry_delay; });
         gate_family(out, "bulkhead_running", "gauge", "Calls holding an execution permit.",
                     [](const gate_stats& s) { return static_cast<std::uint64_t>(s.running); });
         gate_family(out, "bulkhead_queued", "gauge", "Calls waiting for an execution permit.",

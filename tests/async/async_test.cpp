@@ -331,6 +331,39 @@ TEST_CASE("[F4] deadline and stop in the options behave as in the blocking API",
     CHECK(gate.available() == 1);
 }
 
+TEST_CASE(
+    "[G8] a coroutine whose deadline is shorter than the expected queue wait is refused at admission, as a "
+    "thread is",
+    "[unit][async][G8]") {
+    fake_pool pool;
+    gate_t gate(pool, 1, 3);
+    // One finished transaction of 60 ms: the mean permit hold starts there.
+    gate.transaction(0ms, [](fake_pool::work&) { std::this_thread::sleep_for(60ms); });
+    bulkhead_test::blocker<gate_t> busy(gate);
+    REQUIRE(gate.expected_queue_wait() >= 60ms);
+    auto work = [](fake_pool::work&) { return 1; };
+    SECTION("deadline_exceeded at once, counted as early, the slot back") {
+        outcome out;
+        const auto start = std::chrono::steady_clock::now();
+        gate.async_transaction({.queue_wait = 10s, .deadline = start + 30ms}, work, out.handler());
+        bulkhead_test::await([&] { return out.finished(); });
+        CHECK(std::chrono::steady_clock::now() - start < 25ms);  // it did not wait its 30 ms out
+        CHECK(out.code == reject_reason::deadline_exceeded);
+        CHECK(gate.stats().deadline_rejected_early == 1);
+    }
+    SECTION("reject_unreachable_deadline = false queues it until the deadline") {
+        outcome out;
+        const auto start = std::chrono::steady_clock::now();
+        gate.async_transaction({.queue_wait = 10s, .deadline = start + 30ms, .reject_unreachable_deadline = false},
+                               work, out.handler());
+        bulkhead_test::await([&] { return out.finished(); });
+        CHECK(std::chrono::steady_clock::now() - start >= 30ms);
+        CHECK(out.code == reject_reason::deadline_exceeded);
+        CHECK(gate.stats().deadline_rejected_early == 0);
+    }
+    CHECK(gate.available_slots() == 3);
+}
+
 TEST_CASE("[F5] losing interest in the result (a destroyed future, a stopped event loop) never frees permits early",
           "[unit][async]") {
     fake_pool pool;
