@@ -63,10 +63,15 @@ class rejected : public std::runtime_error {
 public:
     /// \param reason why the call was turned away.
     /// \param what   the human-readable message.
-    rejected(reject_reason reason, const std::string& what) : std::runtime_error(what), m_reason(reason) {}
+    /// \param retry_after the suggested retry delay (retry_after()).
+    rejected(reject_reason reason, const std::string& what,
+             std::chrono::milliseconds retry_after = std::chrono::milliseconds(0))
+        : std::runtime_error(what), m_reason(reason), m_retry_after(retry_after) {}
     /// As above, for a fixed message: one allocation fewer per throw (no
     /// temporary std::string).
-    rejected(reject_reason reason, const char* what) : std::runtime_error(what), m_reason(reason) {}
+    rejected(reject_reason reason, const char* what,
+             std::chrono::milliseconds retry_after = std::chrono::milliseconds(0))
+        : std::runtime_error(what), m_reason(reason), m_retry_after(retry_after) {}
 
     /// Why the call was turned away.
     [[nodiscard]] reject_reason reason() const noexcept { return m_reason; }
@@ -78,9 +83,6 @@ public:
     /// transaction had finished) or the exception was made elsewhere.
     [[nodiscard]] std::chrono::milliseconds retry_after() const noexcept { return m_retry_after; }
 
-    /// Sets retry_after(); the gate calls it before throwing.
-    void set_retry_after(std::chrono::milliseconds delay) noexcept { m_retry_after = delay; }
-
 private:
     reject_reason m_reason;
     std::chrono::milliseconds m_retry_after{0};
@@ -90,33 +92,38 @@ private:
 /// whatever its queue wait.
 class admission_full : public rejected {
 public:
-    admission_full() : rejected(reject_reason::admission_full, "db admission full") {}
+    explicit admission_full(std::chrono::milliseconds retry_after = std::chrono::milliseconds(0))
+        : rejected(reject_reason::admission_full, "db admission full", retry_after) {}
 };
 
 /// The call was admitted but no execution permit became free within its
 /// queue wait.
 class admission_timeout : public rejected {
 public:
-    admission_timeout() : rejected(reject_reason::admission_timeout, "db admission timed out") {}
+    explicit admission_timeout(std::chrono::milliseconds retry_after = std::chrono::milliseconds(0))
+        : rejected(reject_reason::admission_timeout, "db admission timed out", retry_after) {}
 };
 
 /// A stop was requested (std::stop_token) before the work started.
 class admission_cancelled : public rejected {
 public:
-    admission_cancelled() : rejected(reject_reason::admission_cancelled, "db admission cancelled") {}
+    explicit admission_cancelled(std::chrono::milliseconds retry_after = std::chrono::milliseconds(0))
+        : rejected(reject_reason::admission_cancelled, "db admission cancelled", retry_after) {}
 };
 
 /// The pool had no connection to give within its connection timeout.
 class pool_timeout : public rejected {
 public:
-    pool_timeout() : rejected(reject_reason::pool_timeout, "db pool connection timed out") {}
+    explicit pool_timeout(std::chrono::milliseconds retry_after = std::chrono::milliseconds(0))
+        : rejected(reject_reason::pool_timeout, "db pool connection timed out", retry_after) {}
     explicit pool_timeout(const std::string& what) : rejected(reject_reason::pool_timeout, what) {}
 };
 
 /// The call's deadline passed, or would pass, before the work could start.
 class deadline_exceeded : public rejected {
 public:
-    deadline_exceeded() : rejected(reject_reason::deadline_exceeded, "db deadline exceeded before the work started") {}
+    explicit deadline_exceeded(std::chrono::milliseconds retry_after = std::chrono::milliseconds(0))
+        : rejected(reject_reason::deadline_exceeded, "db deadline exceeded before the work started", retry_after) {}
     explicit deadline_exceeded(const std::string& what) : rejected(reject_reason::deadline_exceeded, what) {}
 };
 
@@ -148,33 +155,23 @@ public:
         : std::runtime_error(what) {}
 };
 
-namespace detail {
-
-template <class Rejection>
-[[noreturn]] void throw_with_delay(Rejection rejection, std::chrono::milliseconds retry_after) {
-    rejection.set_retry_after(retry_after);
-    throw rejection;
-}
-
-}  // namespace detail
-
 /// Throws the exception of the `rejected` family that matches `reason`,
 /// with `retry_after` as its suggested retry delay.
 [[noreturn]] inline void throw_rejection(reject_reason reason,
                                          std::chrono::milliseconds retry_after = std::chrono::milliseconds(0)) {
     switch (reason) {
         case reject_reason::admission_full:
-            detail::throw_with_delay(admission_full(), retry_after);
+            throw admission_full(retry_after);
         case reject_reason::admission_timeout:
-            detail::throw_with_delay(admission_timeout(), retry_after);
+            throw admission_timeout(retry_after);
         case reject_reason::admission_cancelled:
-            detail::throw_with_delay(admission_cancelled(), retry_after);
+            throw admission_cancelled(retry_after);
         case reject_reason::pool_timeout:
-            detail::throw_with_delay(pool_timeout(), retry_after);
+            throw pool_timeout(retry_after);
         case reject_reason::deadline_exceeded:
-            detail::throw_with_delay(deadline_exceeded(), retry_after);
+            throw deadline_exceeded(retry_after);
     }
-    detail::throw_with_delay(rejected(reason, "db admission rejected"), retry_after);
+    throw rejected(reason, "db admission rejected", retry_after);
 }
 
 // ---------------------------------------------------------------------------
