@@ -232,8 +232,10 @@ TEST_CASE(
                                     seen.done = true;
                                 })));
     });
-    // The statement is running on the server.
-    await([&] { return sessions(monitor, name, "active") == 1; });
+    // The statement is running on the server: pg_sleep itself, not the BEGIN
+    // before it (a cancel during BEGIN ends the call with work_cancelled and
+    // nothing nested, before the callback starts; CI's tsan run hit that).
+    await([&] { return running(monitor, name, "pg_sleep(30)") == 1; });
     CHECK(gate.available() == 0);
     asio::post(io.executor(), [&] { signal.emit(asio::cancellation_type::terminal); });
     await([&] { return seen.done.load(); });

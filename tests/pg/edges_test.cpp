@@ -56,10 +56,11 @@ void figure(const char* what, clock_type::time_point since) {
 /// The first column of the first row, as text, from a gate transaction.
 std::string value_of(pqxx::dbtransaction& tx, const std::string& sql) { return tx.exec(sql).at(0).at(0).c_str(); }
 
-/// Waits until a session of `application_name` runs a statement (state
-/// 'active' in pg_stat_activity, not our monitor's own query).
-void await_active(pqxx::connection& monitor, const std::string& application_name) {
-    await([&] { return sessions(monitor, application_name, "active") > 0; });
+/// Waits until a session of `application_name` runs a statement whose text
+/// holds `text` (state 'active'; the statement itself, not a BEGIN before it,
+/// which a stop would end before the callback starts).
+void await_running(pqxx::connection& monitor, const std::string& application_name, const std::string& text) {
+    await([&] { return running(monitor, application_name, text) > 0; });
 }
 
 }  // namespace
@@ -285,7 +286,7 @@ TEST_CASE("[E5] request_stop returns at once when the cancel cannot get through,
         work = [&](pqxx::dbtransaction&) { ++runs; };
     }
     auto running = std::async(std::launch::async, [&] { gate.transaction(call, work); });
-    await_active(monitor, "bulkhead-e5");
+    await_running(monitor, "bulkhead-e5", "pg_sleep(0.6)");
     const auto before = clock_type::now();
     stop.request_stop();
     const auto took = clock_type::now() - before;

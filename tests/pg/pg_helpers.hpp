@@ -57,6 +57,16 @@ inline long sessions(pqxx::connection& monitor, const std::string& application_n
     return exec_one_row(tx, sql)[0].as<long>();
 }
 
+/// Sessions of `application_name` running a statement whose text holds
+/// `text` (state 'active'): the statement itself, not the BEGIN before it.
+inline long running(pqxx::connection& monitor, const std::string& application_name, const std::string& text) {
+    pqxx::nontransaction tx(monitor);
+    return exec_one_row(tx,
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = " + tx.quote(application_name) +
+                            " AND state = 'active' AND strpos(query, " + tx.quote(text) + ") > 0")[0]
+        .as<long>();
+}
+
 /// Terminates a backend and waits until it is gone from pg_stat_activity.
 inline void terminate_backend(pqxx::connection& monitor, int pid) {
     {
