@@ -153,6 +153,10 @@ struct async_access {
         return gate.m_core.m_workers;
     }
     template <class Gate>
+    static void no_permit_free(Gate& gate) noexcept {
+        gate.m_core.no_permit_free();
+    }
+    template <class Gate>
     static void release_slot(Gate& gate) noexcept {
         gate.m_core.m_slots.release();
     }
@@ -365,6 +369,7 @@ private:
             schedule_work();
             return;
         }
+        async_access::no_permit_free(m_gate);
         if (m_stop.stop_requested()) {
             finish_waiting(wait_status::cancelled);
             return;

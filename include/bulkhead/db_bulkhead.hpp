@@ -24,6 +24,7 @@
 // every permit taken from it and every call in progress.
 #pragma once
 
+#include <bulkhead/adaptive_limit.hpp>
 #include <bulkhead/admission_counter.hpp>
 #include <bulkhead/detail/held_gates.hpp>
 #include <bulkhead/detail/work_threads.hpp>
@@ -40,6 +41,7 @@
 #include <exception>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <stop_token>
@@ -148,6 +150,15 @@ template <class Pool>
 concept pool_reports_block_end = requires(Pool& pool, typename Pool::transaction& tx) {
     { pool.transaction_block_ended(tx) }
     noexcept->std::same_as<bool>;
+};
+
+/// `pool.classify_overload(failure)`: what the exception that ended a call
+/// says of the database's load (an SQLSTATE of saturation, a timeout, a
+/// conflict, or nothing). An adaptive gate (adaptive_limit.hpp) counts it.
+template <class Pool>
+concept pool_classifies_overload = requires(const Pool& pool, const std::exception_ptr& failure) {
+    { pool.classify_overload(failure) }
+    noexcept->std::same_as<overload_kind>;
 };
 
 namespace detail {
@@ -339,11 +350,16 @@ struct permit_wait_limit {
 /// The permit logic of a gate, independent of the pool type.
 class gate_core {
 public:
-    gate_core(int concurrent, int extra_slots)
+    gate_core(int concurrent, int extra_slots, const adaptive_options* adaptive = nullptr)
         : m_concurrent(checked_concurrent(concurrent, extra_slots)),
           m_extra_slots(extra_slots),
           m_slots(static_cast<std::int64_t>(concurrent) + extra_slots),
-          m_running(concurrent) {}
+          m_running(concurrent),
+          m_adaptive(adaptive != nullptr ? std::make_unique<adaptive_gate>(*adaptive, concurrent) : nullptr) {
+        if (m_adaptive) {
+            m_running.shrink(concurrent - m_adaptive->start());
+        }
+    }
 
     gate_core(const gate_core&) = delete;
     gate_core& operator=(const gate_core&) = delete;
@@ -354,12 +370,40 @@ public:
         m_slots.release();
     }
 
+    /// The permits in circulation: B, or the adaptive limit.
+    [[nodiscard]] int limit() const noexcept { return m_adaptive ? m_adaptive->limit() : m_concurrent; }
+
+    /// A call found no permit free: an adaptive limit counts it, and may
+    /// use the moment to reconsider itself.
+    void no_permit_free() noexcept {
+        if (m_adaptive) {
+            m_adaptive->limited();
+            m_adaptive->maybe_update(std::chrono::steady_clock::now(), m_running);
+        }
+    }
+
+    /// A call that held its permit for `held` is about to release it.
+    void finishing(std::chrono::steady_clock::time_point now, std::chrono::nanoseconds held) noexcept {
+        if (m_adaptive) {
+            m_adaptive->finished(held);
+            m_adaptive->maybe_update(now, m_running);
+        }
+    }
+
+    /// A call failed in a way that bears on the database's load.
+    void overloaded(overload_kind kind) noexcept {
+        if (m_adaptive) {
+            m_adaptive->overloaded(kind);
+        }
+    }
+
     int m_concurrent;
     int m_extra_slots;
-    admission_counter m_slots;             // B + Q, never waited on
-    fifo_semaphore m_running;              // B, FIFO
-    work_threads m_workers{m_concurrent};  // B threads for asynchronous callers' work, started on first use
-    remote_releases m_remote;              // permits released on another thread than the entering one
+    admission_counter m_slots;                  // B + Q, never waited on
+    fifo_semaphore m_running;                   // B, FIFO
+    work_threads m_workers{m_concurrent};       // B threads for asynchronous callers' work, started on first use
+    remote_releases m_remote;                   // permits released on another thread than the entering one
+    std::unique_ptr<adaptive_gate> m_adaptive;  // null: a fixed limit of B
 
 private:
     static int checked_concurrent(int concurrent, int extra_slots) {
@@ -506,6 +550,19 @@ public:
     db_bulkhead(Pool& pool, int concurrent, int extra_slots, Observer observer)
         : m_pool(&pool), m_core(concurrent, extra_slots), m_observer(std::move(observer)) {}
 
+    /// A gate whose limit adapts between `adaptive.floor` and B (the
+    /// ceiling) to the database's signals; see adaptive_limit.hpp and
+    /// docs/adaptive.md. It starts at the floor and doubles while calls
+    /// find no permit free and the database keeps up.
+    /// \throws as above; std::invalid_argument naming an adaptive setting
+    ///         out of range (a floor above B, ...).
+    db_bulkhead(Pool& pool, int concurrent, int extra_slots, const adaptive_options& adaptive)
+        : m_pool(&pool), m_core(concurrent, extra_slots, &adaptive) {}
+
+    /// As above, with an observer.
+    db_bulkhead(Pool& pool, int concurrent, int extra_slots, const adaptive_options& adaptive, Observer observer)
+        : m_pool(&pool), m_core(concurrent, extra_slots, &adaptive), m_observer(std::move(observer)) {}
+
     db_bulkhead(const db_bulkhead&) = delete;
     db_bulkhead& operator=(const db_bulkhead&) = delete;
 
@@ -521,11 +578,8 @@ public:
     auto transaction(const options& call, Work&& work) {
         check_callable(work);
         admission_times times;
-        result<permit> held = admit(call, &times);
-        if (!held) {
-            throw_rejection(held.error(), suggested_retry_delay());
-        }
-        return run(*held, call, std::forward<Work>(work), times);
+        permit held = admit_or_throw(call, &times);
+        return run(held, call, std::forward<Work>(work), times);
     }
 
     /// Same as transaction({.queue_wait = queue_wait}, work).
@@ -600,13 +654,7 @@ public:
     /// their own transaction inside the admitted scope. `call.transaction` is
     /// ignored.
     /// \throws as transaction() does for admission.
-    [[nodiscard]] permit enter(const options& call = {}) {
-        result<permit> held = admit(call);
-        if (!held) {
-            throw_rejection(held.error(), suggested_retry_delay());
-        }
-        return std::move(*held);
-    }
+    [[nodiscard]] permit enter(const options& call = {}) { return admit_or_throw(call); }
 
     /// Like enter(), reporting a rejection as a result.
     [[nodiscard]] result<permit> try_enter(const options& call = {}) { return admit(call); }
@@ -638,7 +686,7 @@ public:
     /// transaction() carries it (rejected::retry_after()); asynchronous
     /// callers and try_transaction() callers read it here.
     [[nodiscard]] std::chrono::milliseconds suggested_retry_delay() const noexcept {
-        const int running = concurrent() - available();
+        const int running = std::max(limit() - static_cast<int>(m_core.m_running.balance()), 0);
         const std::chrono::nanoseconds delay = spread_over_permits(running + waiting() + 1);
         if (delay.count() == 0) {
             return std::chrono::milliseconds(0);
@@ -646,8 +694,16 @@ public:
         return std::max(std::chrono::ceil<std::chrono::milliseconds>(delay), std::chrono::milliseconds(1));
     }
 
-    /// B, as constructed.
+    /// B, as constructed: the most execution permits, and the ceiling of
+    /// an adaptive limit.
     [[nodiscard]] int concurrent() const noexcept { return m_core.m_concurrent; }
+
+    /// The execution permits in circulation now: B for a fixed gate, the
+    /// current adaptive limit otherwise (in [floor, B]).
+    [[nodiscard]] int limit() const noexcept { return m_core.limit(); }
+
+    /// True when the gate's limit adapts.
+    [[nodiscard]] bool adaptive() const noexcept { return m_core.m_adaptive != nullptr; }
 
     /// Q, as constructed.
     [[nodiscard]] int extra_slots() const noexcept { return m_core.m_extra_slots; }
@@ -667,8 +723,18 @@ public:
         stats.extra_slots = extra_slots();
         stats.available = available();
         stats.available_slots = available_slots();
-        stats.running = stats.concurrent - stats.available;
+        stats.limit = limit();
+        stats.running = std::max(stats.limit - static_cast<int>(m_core.m_running.balance()), 0);
         stats.queued = waiting();
+        if (const detail::adaptive_gate* adapting = m_core.m_adaptive.get()) {
+            stats.adaptive = true;
+            stats.limit_floor = adapting->floor();
+            stats.limit_reason = adapting->reason();
+            stats.limit_changes = adapting->changes();
+            stats.latency_baseline = adapting->baseline();
+        } else {
+            stats.limit_floor = stats.concurrent;
+        }
         m_metrics.copy_to(stats);
         stats.expected_queue_wait = expected_queue_wait();
         stats.suggested_retry_delay = suggested_retry_delay();
@@ -741,6 +807,7 @@ private:
             }
         }
         if (!m_core.m_slots.try_acquire()) {
+            m_core.no_permit_free();
             return refuse_reason(reject_reason::admission_full);
         }
         return limit;
@@ -768,7 +835,7 @@ private:
     /// overflowing.
     [[nodiscard]] std::chrono::nanoseconds spread_over_permits(int calls) const noexcept {
         const double mean = static_cast<double>(m_metrics.mean_permit_hold().count());
-        const double spread = mean * static_cast<double>(calls) / static_cast<double>(concurrent());
+        const double spread = mean * static_cast<double>(calls) / static_cast<double>(limit());
         constexpr double most = 9.0e18;  // below INT64_MAX, exactly representable
         return std::chrono::nanoseconds(spread < most ? static_cast<std::int64_t>(spread)
                                                       : static_cast<std::int64_t>(most));
@@ -812,6 +879,7 @@ private:
                 m_metrics.permit_wait.record(0U);
             }
         } else {
+            m_core.no_permit_free();
             if (deadline_unreachable(call, *slot)) {
                 return refuse_unreachable_deadline(*slot);
             }
@@ -827,6 +895,16 @@ private:
         m_metrics.admitted();
         detail::held_gates& held = detail::this_thread_gates;
         return permit(m_core, &held, held.add(&m_core, call.task));
+    }
+
+    /// admit(), with a refusal thrown as its rejected exception, carrying
+    /// the suggested retry delay.
+    permit admit_or_throw(const options& call, admission_times* times = nullptr) {
+        result<permit> held = admit(call, times);
+        if (!held) {
+            throw_rejection(held.error(), suggested_retry_delay());
+        }
+        return std::move(*held);
     }
 
     /// For an asynchronous front end: stages 3 and 4 on this thread for a
@@ -858,7 +936,7 @@ private:
         }
         // Declared before the lease, so it is destroyed after it: it records
         // how long the connection was held, and the whole call.
-        call_timer timer(m_metrics, times);
+        call_timer timer(m_metrics, m_core, times);
         typename Pool::lease lease = acquire_lease(call);
         timer.connection_acquired();
         m_metrics.pool_wait.record(timer.leased_at() - times.permitted);
@@ -952,11 +1030,23 @@ private:
         } catch (const work_deadline_exceeded&) {
             m_metrics.failed();
             m_metrics.work_deadline_exceeded();
+            m_core.overloaded(overload_kind::timeout);
         } catch (const commit_unknown&) {
             m_metrics.failed();
             m_metrics.commit_unknown();
         } catch (...) {
             m_metrics.failed();
+            note_overload();
+        }
+    }
+
+    /// Inside a catch handler, for an adaptive gate: what the pool says the
+    /// failure means for the database's load.
+    void note_overload() noexcept {
+        if constexpr (pool_classifies_overload<Pool>) {
+            if (m_core.m_adaptive) {
+                m_core.overloaded(m_pool->classify_overload(std::current_exception()));
+            }
         }
     }
 
@@ -964,8 +1054,8 @@ private:
     /// the call's connection has gone back to the pool.
     class call_timer {
     public:
-        call_timer(detail::gate_metrics& metrics, const admission_times& times) noexcept
-            : m_metrics(metrics), m_start(times.admitted), m_permitted(times.permitted) {}
+        call_timer(detail::gate_metrics& metrics, detail::gate_core& core, const admission_times& times) noexcept
+            : m_metrics(metrics), m_core(core), m_start(times.admitted), m_permitted(times.permitted) {}
         call_timer(const call_timer&) = delete;
         call_timer& operator=(const call_timer&) = delete;
         ~call_timer() {
@@ -975,6 +1065,7 @@ private:
             }
             m_metrics.call.record(now - m_start);
             m_metrics.permit_held(now - m_permitted);
+            m_core.finishing(now, now - m_permitted);
         }
         void connection_acquired() noexcept {
             m_leased_at = clock::now();
@@ -984,6 +1075,7 @@ private:
 
     private:
         detail::gate_metrics& m_metrics;
+        detail::gate_core& m_core;
         clock::time_point m_start;
         clock::time_point m_permitted;
         clock::time_point m_leased_at{};
@@ -1071,12 +1163,14 @@ private:
                 throw_refusal(reject_reason::deadline_exceeded);
             }
             count_rejection(reject_reason::pool_timeout);
+            m_core.overloaded(overload_kind::timeout);
             throw;
         } catch (const rejected& rejection) {
             count_rejection(rejection.reason());
             throw;
         } catch (...) {
             m_metrics.failed();  // the pool failed otherwise: still one counted outcome
+            note_overload();
             throw;
         }
     }

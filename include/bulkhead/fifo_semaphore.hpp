@@ -21,7 +21,8 @@
 // handoffs and cost a second wake).
 //
 // The state word. m_state packs two 32-bit counts: the free permits (low
-// half) and the queued waiters (high half). The waiter count changes only
+// half, stored with a bias of 2^31 so that it can go negative) and the
+// queued waiters (high half). The waiter count changes only
 // under the mutex, together with the queue (so under the mutex it equals the
 // queue's length). Nobody takes a free permit while the waiter count is
 // non-zero except hand_over(), under the mutex: try_acquire() fails then, and
@@ -33,6 +34,15 @@
 // the waiters gone: timed out or cancelled meanwhile, leaving the permits
 // free for anyone). tests/model/fifo_semaphore.pml checks this in every
 // state of its configurations.
+//
+// Shrinking. shrink(n) takes n permits out of circulation with one
+// fetch_sub: free ones at once; the rest make the free count negative, a
+// debt that the next releases pay (their fetch_add brings it back towards
+// zero, and hand_over() serves nobody while it is not positive). Growing is
+// release(n). So a limit that moves (adaptive_limit.hpp) never waits for a
+// holder, never takes a permit from one, and never strands a waiter: a
+// shrink only lowers the free count, and every grow goes through release()
+// and its hand_over().
 //
 // Timeout or cancellation racing a release. Under the mutex, hand_over()
 // decides whom to grant: it unlinks the oldest waiters (`queued` = false),
@@ -109,7 +119,7 @@ public:
 
     /// Creates a semaphore with `permits` free permits.
     /// \throws std::invalid_argument when permits is negative or above max_permits.
-    explicit fifo_semaphore(std::int64_t permits) : m_state(checked_permits(permits)) {}
+    explicit fifo_semaphore(std::int64_t permits) : m_state(checked_permits(permits) + bias) {}
 
     fifo_semaphore(const fifo_semaphore&) = delete;
     fifo_semaphore& operator=(const fifo_semaphore&) = delete;
@@ -121,7 +131,7 @@ public:
         // relaxed load: a starting guess, the CAS re-validates it.
         std::uint64_t seen = m_state.load(std::memory_order_relaxed);
         do {
-            if (waiters_of(seen) != 0 || permits_of(seen) == 0) {
+            if (waiters_of(seen) != 0 || free_of(seen) <= 0) {
                 return false;
             }
             // acquire on success: pairs with the release CAS/fetch_add in release().
@@ -194,7 +204,7 @@ public:
             return;
         }
         const auto add = static_cast<std::uint64_t>(count);
-        assert(permits_of(m_state.load(std::memory_order_relaxed)) + add <= static_cast<std::uint64_t>(max_permits));
+        assert(free_of(m_state.load(std::memory_order_relaxed)) + count <= max_permits);
         // release: publishes the releaser's writes to the next acquirer (on
         // the fast path directly, on the slow path through hand_over's CAS).
         const std::uint64_t before = m_state.fetch_add(add, std::memory_order_release);
@@ -264,10 +274,31 @@ public:
         return true;
     }
 
-    /// Free permits right now: an observation, stale as soon as it returns.
-    [[nodiscard]] std::int64_t available() const noexcept {
+    /// Takes `count` permits out of circulation, for a limit that shrinks:
+    /// free permits at once, the rest as a debt that the next release()s
+    /// pay before any waiter is served (the free count goes negative:
+    /// see balance()). Never blocks, never waits for a holder; nobody
+    /// queued is woken, skipped or stranded. release(count) is the
+    /// inverse: it pays the debt first, then serves waiters.
+    /// \note Precondition: count >= 0, and the debt stays within
+    /// max_permits (checked by an assertion in debug builds).
+    void shrink(std::int64_t count) noexcept {
+        assert(count >= 0 && count <= max_permits);
+        assert(free_of(m_state.load(std::memory_order_relaxed)) - count >= -max_permits);
+        // relaxed: it only takes; a later acquire synchronizes with the
+        // release that freed the permit it gets, not with this.
+        m_state.fetch_sub(static_cast<std::uint64_t>(count), std::memory_order_relaxed);
+    }
+
+    /// Free permits right now, never negative: an observation, stale as
+    /// soon as it returns.
+    [[nodiscard]] std::int64_t available() const noexcept { return std::max<std::int64_t>(balance(), 0); }
+
+    /// Free permits right now, negative while a shrink() is in debt (by
+    /// that many permits): an observation, stale as soon as it returns.
+    [[nodiscard]] std::int64_t balance() const noexcept {
         // relaxed: monitoring only.
-        return static_cast<std::int64_t>(permits_of(m_state.load(std::memory_order_relaxed)));
+        return free_of(m_state.load(std::memory_order_relaxed));
     }
 
     /// Callers queued right now (threads and asynchronous callers): an
@@ -281,7 +312,11 @@ private:
     struct no_deadline {};
 
     static constexpr std::uint64_t one_waiter = std::uint64_t{1} << 32;
-    static constexpr std::uint64_t permits_of(std::uint64_t state) noexcept { return state & 0xffff'ffffU; }
+    /// The low half holds free permits + bias: [-2^31, 2^31) free permits.
+    static constexpr std::uint64_t bias = std::uint64_t{1} << 31;
+    static constexpr std::int64_t free_of(std::uint64_t state) noexcept {
+        return static_cast<std::int64_t>(state & 0xffff'ffffU) - static_cast<std::int64_t>(bias);
+    }
     static constexpr std::uint64_t waiters_of(std::uint64_t state) noexcept { return state >> 32; }
 
     static std::uint64_t checked_permits(std::int64_t permits) {
@@ -439,7 +474,7 @@ private:
     bool take_or_enqueue(detail::queue_node& node) noexcept {
         std::uint64_t seen = m_state.load(std::memory_order_relaxed);
         for (;;) {
-            if (waiters_of(seen) == 0 && permits_of(seen) > 0) {
+            if (waiters_of(seen) == 0 && free_of(seen) > 0) {
                 if (m_state.compare_exchange_weak(seen, seen - 1, std::memory_order_acquire,
                                                   std::memory_order_relaxed)) {
                     return true;
@@ -469,7 +504,7 @@ private:
         {
             const std::lock_guard lock(m_mutex);
             std::uint64_t seen = m_state.load(std::memory_order_relaxed);
-            while (!m_queue.empty() && permits_of(seen) > 0) {
+            while (!m_queue.empty() && free_of(seen) > 0) {
                 // One permit and one waiter out in one step. acquire: pairs
                 // with the release fetch_add of whoever freed the permit.
                 const std::uint64_t taken = seen - one_waiter - 1;

@@ -14,6 +14,7 @@
 // really reached, and counters only grow.
 #pragma once
 
+#include <bulkhead/adaptive_limit.hpp>
 #include <bulkhead/detail/striped_counters.hpp>
 #include <bulkhead/error.hpp>
 #include <bulkhead/histogram.hpp>
@@ -38,8 +39,20 @@ struct gate_stats {
     // --- gauges, at the time of the snapshot ---------------------------------
     int available = 0;        ///< free execution permits
     int available_slots = 0;  ///< free admission slots
-    int running = 0;          ///< calls holding an execution permit (B - available)
-    int queued = 0;           ///< calls waiting for an execution permit
+    int running = 0;          ///< calls holding an execution permit
+    /// The execution permits in circulation: B for a fixed gate, the
+    /// adaptive limit otherwise. running may exceed it for a while after
+    /// it shrank: a shrink does not take permits away from their holders.
+    int limit = 0;
+    // --- the adaptive limit (adaptive_limit.hpp) ----------------------------
+    bool adaptive = false;                                                     ///< the limit adapts
+    int limit_floor = 0;                                                       ///< its floor (B for a fixed gate)
+    bulkhead::limit_reason limit_reason = bulkhead::limit_reason::initial;  ///< why it last changed
+    std::uint64_t limit_changes = 0;                                           ///< how often it changed
+    /// What a call costs when the database is not congested, as the
+    /// adaptive limit tracks it; zero until known (and for a fixed gate).
+    std::chrono::nanoseconds latency_baseline{0};
+    int queued = 0;  ///< calls waiting for an execution permit
 
     // --- counters since construction -------------------------------------------
     std::uint64_t admitted = 0;  ///< calls that got a slot and a permit

@@ -368,6 +368,37 @@ public:
                                   control.lock_timeout_from_deadline, control.deadline);
     }
 
+    /// What a failure says of the server's load, for an adaptive gate
+    /// (adaptive_limit.hpp): SQLSTATE class 53 (53300 too many connections,
+    /// 53200 out of memory, 53100 disk full) is `saturated`; 57014 (a
+    /// statement timeout or cancel) and 55P03 (a lock timeout) are
+    /// `timeout`; 40001 and 40P01 (serialization failure, deadlock) are
+    /// `conflict`; anything else, `none`. A server that refuses new
+    /// connections (53300 at connect) shows as pool_timeout rejections,
+    /// which the gate counts as timeouts itself.
+    [[nodiscard]] overload_kind classify_overload(const std::exception_ptr& failure) const noexcept {
+        if (!failure) {
+            return overload_kind::none;
+        }
+        try {
+            std::rethrow_exception(failure);
+        } catch (const pqxx::sql_error& error) {
+            const auto& state = error.sqlstate();
+            if (state.size() == 5 && state.compare(0, 2, "53") == 0) {
+                return overload_kind::saturated;
+            }
+            if (state == "57014" || state == "55P03") {
+                return overload_kind::timeout;
+            }
+            if (state == "40001" || state == "40P01") {
+                return overload_kind::conflict;
+            }
+        } catch (...) {
+            return overload_kind::none;
+        }
+        return overload_kind::none;
+    }
+
     /// Commits. A COMMIT that fails on the server leaves nothing committed.
     /// \throws std::logic_error when the callback had called commit() or
     ///         abort() itself (refused: nothing is committed); pqxx::in_doubt_error

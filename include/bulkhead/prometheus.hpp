@@ -231,6 +231,24 @@ private:
         gate_family(out, "bulkhead_admission_limit", "gauge", "Admission slots B + Q.", [](const gate_stats& s) {
             return static_cast<std::uint64_t>(s.concurrent) + static_cast<std::uint64_t>(s.extra_slots);
         });
+        gate_family(out, "bulkhead_effective_limit", "gauge",
+                    "Execution permits in circulation: B, or the adaptive limit.",
+                    [](const gate_stats& s) { return static_cast<std::uint64_t>(s.limit); });
+        gate_family(out, "bulkhead_limit_floor", "gauge", "The adaptive limit's floor (B for a fixed gate).",
+                    [](const gate_stats& s) { return static_cast<std::uint64_t>(s.limit_floor); });
+        gate_family(out, "bulkhead_limit_changes_total", "counter", "Changes of the adaptive limit.",
+                    [](const gate_stats& s) { return s.limit_changes; });
+        header(out, "bulkhead_limit_reason", "gauge", "Why the adaptive limit last changed: 1 for that reason.");
+        for (const auto& [gate, stats] : m_gates) {
+            for (std::size_t i = 0; i < limit_reason_count; ++i) {
+                const auto reason = static_cast<limit_reason>(i);
+                sample(out, "bulkhead_limit_reason", "gate", gate,
+                       std::uint64_t{stats.limit_reason == reason ? 1U : 0U}, "reason", to_string(reason));
+            }
+        }
+        gate_seconds(out, "bulkhead_latency_baseline_seconds",
+                     "What a call costs when the database is not congested, as the adaptive limit tracks it.",
+                     [](const gate_stats& s) { return s.latency_baseline; });
         gate_histogram(out, "bulkhead_permit_wait_seconds", "Time from admission to an execution permit.",
                        &gate_stats::permit_wait);
         gate_histogram(out, "bulkhead_pool_wait_seconds", "Time from the execution permit to a pool connection.",

@@ -21,10 +21,11 @@ void await(Predicate done) {
 }
 
 /// Spins (yielding) until `done()` holds, for use off the test's main thread
-/// (Catch2's assertions are not thread-safe): true when it held within 10 s.
+/// (Catch2's assertions are not thread-safe): true when it held within
+/// `limit` (10 s unless given).
 template <class Predicate>
-[[nodiscard]] bool eventually(Predicate done) {
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+[[nodiscard]] bool eventually(Predicate done, std::chrono::steady_clock::duration limit = std::chrono::seconds(10)) {
+    const auto give_up = std::chrono::steady_clock::now() + limit;
     while (!done()) {
         if (std::chrono::steady_clock::now() >= give_up) {
             return false;

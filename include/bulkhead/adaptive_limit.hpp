@@ -1,0 +1,407 @@
+// bulkhead: an adaptive concurrency limit driven by the database's own signals.
+//
+// A gate built with adaptive_options moves its effective limit L (the
+// execution permits in circulation) between a floor and B, the ceiling,
+// from what its calls see of the database. Once per interval (250 ms by
+// default) the controller reads one interval_sample: how many calls
+// finished, how long each held its permit (pool wait, BEGIN, the callback,
+// COMMIT: the time the database spent on it, or made it wait), whether any
+// call found no permit free, how many calls are still inside, and how many
+// failed with an SQLSTATE that means the server is saturated (class 53),
+// timed out (57014, 55P03) or conflicted (40001, 40P01). docs/adaptive.md
+// describes the rules and why their constants are what they are.
+//
+// The rules, in order (first match wins):
+//   1. a saturation error (class 53) in the interval: L x 1/2;
+//   2. timeouts or conflicts above error_rate of the finished calls: L x 3/4;
+//   3. calls inside and none finished for an interval longer than
+//      tolerance x the baseline: stalled, L x 1/2;
+//   4. the mean permit hold over tolerance x the baseline: L x
+//      tolerance / ratio, kept within [1/2, 9/10] (the further off, the
+//      faster down);
+//   5. the mean hold within headroom x the baseline and the limit was
+//      reached (a call found no permit free): L x 2 until the first
+//      decrease (a slow start from the floor, where the gate begins, so
+//      that the baseline is learnt uncongested), L + max(1, L/4) after;
+//   6. otherwise L stays.
+// L is always rounded and clamped to [floor, ceiling] (G6).
+//
+// The baseline is what a call costs when the database is not congested.
+// It follows a lower mean fast (half-way per interval), and a higher one
+// only from intervals that are not limited (the gate had spare permits:
+// the load is light, the figure is clean), by 1/8 per interval, or, at the
+// floor, by 1/16 per interval (the floor is the least concurrency the gate
+// can offer; what a call costs there is the best the database can do now).
+// It never rises from a limited interval above the floor: that is what
+// stops the upward drift of limiters whose baseline is a long-term mean of
+// the latency under load (G5).
+//
+// Thread safety: limit_controller is a plain value, not synchronized; the
+// gate calls it under its own mutex (db_bulkhead.hpp). adaptive_options and
+// interval_sample are plain data.
+#pragma once
+
+#include <bulkhead/fifo_semaphore.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace bulkhead {
+
+/// Why the adaptive limit last changed.
+enum class limit_reason : std::uint8_t {
+    initial,     ///< not changed since the gate was built: L is the floor
+    saturated,   ///< the server reported a saturation error (SQLSTATE class 53)
+    errors,      ///< timeouts (57014, 55P03) or conflicts (40001, 40P01) above the error rate
+    stalled,     ///< calls inside and none finished for longer than tolerance x the baseline
+    latency,     ///< the mean permit hold rose above tolerance x the baseline
+    recovered,   ///< the mean permit hold is back near the baseline and the limit was reached
+};
+
+/// The number of limit_reason values.
+inline constexpr std::size_t limit_reason_count = 6;
+
+/// A short, stable, lower-case name for `reason` ("latency", ...), for
+/// metric labels and logs.
+[[nodiscard]] constexpr std::string_view to_string(limit_reason reason) noexcept {
+    switch (reason) {
+        case limit_reason::initial:
+            return "initial";
+        case limit_reason::saturated:
+            return "saturated";
+        case limit_reason::errors:
+            return "errors";
+        case limit_reason::stalled:
+            return "stalled";
+        case limit_reason::latency:
+            return "latency";
+        case limit_reason::recovered:
+            return "recovered";
+    }
+    return "unknown";
+}
+
+/// How a failed call bears on the limit: what a pool's classify_overload()
+/// says of the exception that ended it.
+enum class overload_kind : std::uint8_t {
+    none,       ///< says nothing about the database's load
+    saturated,  ///< the server is out of a resource (SQLSTATE class 53: 53300 too many connections, 53200 out of
+                ///< memory)
+    timeout,    ///< a statement or lock timed out (57014, 55P03)
+    conflict,   ///< a serialization failure or deadlock (40001, 40P01)
+};
+
+/// The settings of an adaptive limit. The defaults are the ones
+/// docs/adaptive.md explains.
+struct adaptive_options {
+    /// The least limit: never fewer permits in circulation. At least 1, at
+    /// most the gate's B.
+    int floor = 1;
+    /// How often the limit is reconsidered. The gate looks at the clock when
+    /// a call finishes or must queue, so a gate nobody calls does not adapt.
+    std::chrono::milliseconds interval{250};
+    /// A mean permit hold above tolerance x the baseline means the database
+    /// is congested. Above 1.
+    double tolerance = 1.5;
+    /// A mean permit hold within headroom x the baseline, with the limit
+    /// reached, lets the limit grow. In [1, tolerance].
+    double headroom = 1.25;
+    /// Timeouts and conflicts above this share of the finished calls lower
+    /// the limit. In (0, 1].
+    double error_rate = 0.05;
+    /// Fewer finished calls than this in an interval say nothing about the
+    /// latency (the stall and error rules still apply). At least 1.
+    int min_samples = 3;
+};
+
+/// What the gate saw in one interval, given to limit_controller::update().
+struct interval_sample {
+    std::chrono::nanoseconds length{0};  ///< how long the interval lasted
+    std::int64_t calls = 0;              ///< calls that released their permit (finished, failed or refused by the pool)
+    std::chrono::nanoseconds held{0};    ///< the sum of their permit holds
+    std::int64_t inside = 0;             ///< calls holding a permit at the end of the interval
+    bool limited = false;                ///< some call found no permit free (it queued or was turned away)
+    std::int64_t saturated = 0;          ///< of `calls`: failed with SQLSTATE class 53
+    std::int64_t timeouts = 0;           ///< of `calls`: statement or lock timeouts, pool timeouts
+    std::int64_t conflicts = 0;          ///< of `calls`: serialization failures and deadlocks
+};
+
+/// The rules of the file comment, as a plain value: feed it one
+/// interval_sample per interval, read the limit it decides.
+class limit_controller {
+public:
+    /// \throws std::invalid_argument naming the setting that is out of
+    ///         range (floor, interval, tolerance, headroom, error_rate,
+    ///         min_samples) or a ceiling below 1.
+    limit_controller(const adaptive_options& options, int ceiling)
+        : m_options(checked(options, ceiling)), m_ceiling(ceiling), m_limit(m_options.floor) {}
+
+    /// Reads one interval; returns the limit for the next one.
+    int update(const interval_sample& sample) noexcept {
+        const int before = m_limit;
+        const limit_reason reason = decide(sample);
+        if (m_limit != before) {
+            m_reason = reason;
+            ++m_changes;
+        }
+        return m_limit;
+    }
+
+    /// The limit decided last (the floor until the first change).
+    [[nodiscard]] int limit() const noexcept { return m_limit; }
+    /// Why it last changed.
+    [[nodiscard]] limit_reason reason() const noexcept { return m_reason; }
+    /// How many updates changed it.
+    [[nodiscard]] std::uint64_t changes() const noexcept { return m_changes; }
+    /// What a call costs when the database is not congested: zero until
+    /// an interval had min_samples finished calls.
+    [[nodiscard]] std::chrono::nanoseconds baseline() const noexcept {
+        return std::chrono::nanoseconds(static_cast<std::int64_t>(m_baseline_ns));
+    }
+    [[nodiscard]] int floor() const noexcept { return m_options.floor; }
+    [[nodiscard]] int ceiling() const noexcept { return m_ceiling; }
+    [[nodiscard]] const adaptive_options& options() const noexcept { return m_options; }
+
+private:
+    limit_reason decide(const interval_sample& sample) noexcept {
+        const auto finished = static_cast<double>(std::max<std::int64_t>(sample.calls, 0));
+        if (sample.saturated > 0) {
+            return scale(0.5, limit_reason::saturated);
+        }
+        const auto troubled = static_cast<double>(sample.timeouts + sample.conflicts);
+        if (troubled > 0.0 && troubled >= m_options.error_rate * finished) {
+            return scale(0.75, limit_reason::errors);
+        }
+        if (m_baseline_ns <= 0.0) {
+            learn_first_baseline(sample);
+            return m_reason;
+        }
+        if (sample.calls == 0) {
+            const auto length = static_cast<double>(sample.length.count());
+            if (sample.inside > 0 && length > m_options.tolerance * m_baseline_ns) {
+                return scale(0.5, limit_reason::stalled);
+            }
+            return m_reason;
+        }
+        if (sample.calls < m_options.min_samples) {
+            return m_reason;
+        }
+        const double mean = static_cast<double>(sample.held.count()) / finished;
+        const double ratio = mean / m_baseline_ns;
+        follow_baseline(mean, ratio, sample.limited);
+        if (ratio > m_options.tolerance) {
+            return scale(std::clamp(m_options.tolerance / ratio, 0.5, 0.9), limit_reason::latency);
+        }
+        if (ratio <= m_options.headroom && sample.limited && m_limit < m_ceiling) {
+            // Doubling until the first sign of congestion, then by a quarter.
+            set(m_slow_start ? m_limit * 2 : m_limit + std::max(1, m_limit / 4));
+            return limit_reason::recovered;
+        }
+        return m_reason;
+    }
+
+    void learn_first_baseline(const interval_sample& sample) noexcept {
+        if (sample.calls >= m_options.min_samples) {
+            m_baseline_ns = std::max(1.0, static_cast<double>(sample.held.count()) / static_cast<double>(sample.calls));
+        }
+    }
+
+    /// See the file comment: down fast, up only from clean intervals.
+    void follow_baseline(double mean, double ratio, bool limited) noexcept {
+        if (mean < m_baseline_ns) {
+            m_baseline_ns = std::max(1.0, m_baseline_ns + (mean - m_baseline_ns) / 2.0);
+        } else if (!limited && ratio <= m_options.tolerance) {
+            m_baseline_ns += (mean - m_baseline_ns) / 8.0;
+        } else if (m_limit == m_options.floor) {
+            m_baseline_ns += (mean - m_baseline_ns) / 16.0;
+        }
+    }
+
+    limit_reason scale(double factor, limit_reason reason) noexcept {
+        m_slow_start = false;
+        set(static_cast<int>(std::floor(static_cast<double>(m_limit) * factor)));
+        return reason;
+    }
+
+    void set(int limit) noexcept { m_limit = std::clamp(limit, m_options.floor, m_ceiling); }
+
+    static adaptive_options checked(const adaptive_options& options, int ceiling) {
+        const auto refuse = [](const char* what) {
+            throw std::invalid_argument(std::string("bulkhead::adaptive_options: ") + what);
+        };
+        if (ceiling < 1) {
+            refuse("the ceiling (the gate's B) must be at least 1");
+        }
+        if (options.floor < 1 || options.floor > ceiling) {
+            refuse(("floor must be in [1, B] (B is " + std::to_string(ceiling) + ", floor " +
+                    std::to_string(options.floor) + ")")
+                       .c_str());
+        }
+        if (options.interval.count() < 1) {
+            refuse("interval must be at least 1 ms");
+        }
+        if (!(options.tolerance > 1.0) || !std::isfinite(options.tolerance)) {
+            refuse("tolerance must be a finite number above 1");
+        }
+        if (!(options.headroom >= 1.0 && options.headroom <= options.tolerance)) {
+            refuse("headroom must be in [1, tolerance]");
+        }
+        if (!(options.error_rate > 0.0 && options.error_rate <= 1.0)) {
+            refuse("error_rate must be in (0, 1]");
+        }
+        if (options.min_samples < 1) {
+            refuse("min_samples must be at least 1");
+        }
+        return options;
+    }
+
+    adaptive_options m_options;
+    int m_ceiling;
+    int m_limit;
+    limit_reason m_reason = limit_reason::initial;
+    std::uint64_t m_changes = 0;
+    double m_baseline_ns = 0.0;  // 0: not known yet
+    bool m_slow_start = true;    // no sign of congestion yet: the limit doubles
+};
+
+namespace detail {
+
+/// A gate's adaptive limit at run time: the counts of the current interval
+/// (atomics, written by every call), and the controller, which whoever
+/// first sees the interval end runs under m_mutex, resizing the gate's
+/// permits by the difference (fifo_semaphore::release() to grow, shrink()
+/// to shrink; a shrink that finds the permits held becomes a debt that
+/// their releases pay).
+///
+/// Thread safety: the counters are relaxed atomics; a call that lands in
+/// the next interval instead of this one changes nothing that matters. The
+/// controller and m_started are guarded by m_mutex; the published figures
+/// (limit, reason, changes, baseline) are relaxed atomics written under it:
+/// observations only. Resizes are serialized by m_mutex, so the permits in
+/// circulation always equal m_limit once each resize has returned.
+class adaptive_gate {
+public:
+    using clock = std::chrono::steady_clock;
+
+    adaptive_gate(const adaptive_options& options, int ceiling)
+        : m_next_ns(ticks(clock::now() + options.interval)),
+          m_controller(options, ceiling),
+          m_interval(options.interval),
+          m_limit(m_controller.limit()),
+          m_started(clock::now()) {}
+
+    /// The limit it starts at (the floor): a gate of B permits takes
+    /// B - start() out of circulation when it is built.
+    [[nodiscard]] int start() const noexcept { return m_controller.limit(); }
+
+    adaptive_gate(const adaptive_gate&) = delete;
+    adaptive_gate& operator=(const adaptive_gate&) = delete;
+
+    /// A call released its permit after holding it for `held`.
+    void finished(std::chrono::nanoseconds held) noexcept {
+        m_calls.fetch_add(1, std::memory_order_relaxed);
+        m_held_ns.fetch_add(held.count(), std::memory_order_relaxed);
+    }
+
+    /// A call found no permit free (it queues, or was turned away).
+    void limited() noexcept {
+        if (!m_limited.load(std::memory_order_relaxed)) {
+            m_limited.store(true, std::memory_order_relaxed);
+        }
+    }
+
+    /// A finished call failed in a way that says the database is loaded.
+    void overloaded(overload_kind kind) noexcept {
+        switch (kind) {
+            case overload_kind::saturated:
+                m_saturated.fetch_add(1, std::memory_order_relaxed);
+                break;
+            case overload_kind::timeout:
+                m_timeouts.fetch_add(1, std::memory_order_relaxed);
+                break;
+            case overload_kind::conflict:
+                m_conflicts.fetch_add(1, std::memory_order_relaxed);
+                break;
+            case overload_kind::none:
+                break;
+        }
+    }
+
+    /// Runs the controller if the interval has ended and nobody else is
+    /// running it, and resizes `permits` to its decision.
+    void maybe_update(clock::time_point now, fifo_semaphore& permits) noexcept {
+        if (ticks(now) < m_next_ns.load(std::memory_order_relaxed)) {
+            return;
+        }
+        const std::unique_lock lock(m_mutex, std::try_to_lock);
+        if (!lock.owns_lock() || ticks(now) < m_next_ns.load(std::memory_order_relaxed)) {
+            return;  // another thread is at it, or has just done it
+        }
+        interval_sample sample;
+        sample.length = now - m_started;
+        sample.calls = m_calls.exchange(0, std::memory_order_relaxed);
+        sample.held = std::chrono::nanoseconds(m_held_ns.exchange(0, std::memory_order_relaxed));
+        sample.limited = m_limited.exchange(false, std::memory_order_relaxed);
+        sample.saturated = m_saturated.exchange(0, std::memory_order_relaxed);
+        sample.timeouts = m_timeouts.exchange(0, std::memory_order_relaxed);
+        sample.conflicts = m_conflicts.exchange(0, std::memory_order_relaxed);
+        const int before = m_limit.load(std::memory_order_relaxed);
+        sample.inside = std::max<std::int64_t>(before - permits.balance(), 0);
+        const int after = m_controller.update(sample);
+        if (after > before) {
+            permits.release(after - before);
+        } else if (after < before) {
+            permits.shrink(before - after);
+        }
+        m_limit.store(after, std::memory_order_relaxed);
+        m_reason.store(m_controller.reason(), std::memory_order_relaxed);
+        m_changes.store(m_controller.changes(), std::memory_order_relaxed);
+        m_baseline_ns.store(m_controller.baseline().count(), std::memory_order_relaxed);
+        m_started = now;
+        m_next_ns.store(ticks(now + m_interval), std::memory_order_relaxed);
+    }
+
+    /// The permits in circulation now.
+    [[nodiscard]] int limit() const noexcept { return m_limit.load(std::memory_order_relaxed); }
+    [[nodiscard]] int floor() const noexcept { return m_controller.floor(); }
+    [[nodiscard]] limit_reason reason() const noexcept { return m_reason.load(std::memory_order_relaxed); }
+    [[nodiscard]] std::uint64_t changes() const noexcept { return m_changes.load(std::memory_order_relaxed); }
+    [[nodiscard]] std::chrono::nanoseconds baseline() const noexcept {
+        return std::chrono::nanoseconds(m_baseline_ns.load(std::memory_order_relaxed));
+    }
+
+private:
+    static std::int64_t ticks(clock::time_point at) noexcept {
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(at.time_since_epoch()).count();
+    }
+
+    // Written by every call: a line of their own.
+    alignas(64) std::atomic<std::int64_t> m_calls{0};
+    std::atomic<std::int64_t> m_held_ns{0};
+    std::atomic<bool> m_limited{false};
+    std::atomic<std::int64_t> m_saturated{0};
+    std::atomic<std::int64_t> m_timeouts{0};
+    std::atomic<std::int64_t> m_conflicts{0};
+    // Read by every call, written once per interval.
+    alignas(64) std::atomic<std::int64_t> m_next_ns;  // steady_clock ticks: when the interval ends
+    std::mutex m_mutex;
+    limit_controller m_controller;                                 // guarded by m_mutex
+    std::chrono::nanoseconds m_interval;                           // constant
+    std::atomic<int> m_limit;                                      // written under m_mutex
+    std::atomic<limit_reason> m_reason{limit_reason::initial};  // written under m_mutex
+    std::atomic<std::uint64_t> m_changes{0};                       // written under m_mutex
+    std::atomic<std::int64_t> m_baseline_ns{0};                    // written under m_mutex
+    clock::time_point m_started;                                   // guarded by m_mutex
+};
+
+}  // namespace detail
+
+}  // namespace bulkhead

@@ -1,0 +1,169 @@
+// Contract G3 and G4 against a real PostgreSQL: an adaptive gate's limit
+// falls within 2 s of the database slowing down and rises back within 5 s
+// of its recovery. The slowdown is the server's own: another session holds
+// an ACCESS EXCLUSIVE lock on the table every call reads, so calls wait
+// inside the database (the stall and latency rules), or, with a
+// lock_timeout, fail with 55P03 (the error rule). Each call also waits 2 ms
+// in the server (pg_sleep), as a statement waiting for I/O does: on this
+// project's 2-core machines a purely CPU-bound statement saturates the
+// server (and the callers) at one call at a time, and the limit, rightly,
+// stays at the floor, leaving nothing to fall from. Twelve callers offer more
+// work than the gate's eight permits, retrying a refusal after 2 ms, as a
+// busy service would. Each case prints one "adaptive: ..." line with its
+// figures (.ci/run collects them).
+#include "pg_helpers.hpp"
+#include "pqxx_compat.hpp"
+
+#include <bulkhead/adaptive_limit.hpp>
+
+#include "catch.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace bulkhead_test;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int permits = 8;
+
+/// The callers: each runs the statement in a loop until stopped.
+class offered_load {
+public:
+    offered_load(bulkhead::db_bulkhead<bulkhead::pqxx_pool>& gate, std::string statement) {
+        for (int i = 0; i < 12; ++i) {
+            m_callers.emplace_back([this, &gate, statement] {
+                while (!m_stop.load()) {
+                    try {
+                        const auto done = gate.try_transaction(
+                            {.queue_wait = 50ms}, [&](pqxx::dbtransaction& tx) { (void)tx.exec(statement); });
+                        if (!done) {
+                            // Pacing a refused caller, as a client's back-off: orders nothing.
+                            std::this_thread::sleep_for(2ms);
+                        }
+                    } catch (const pqxx::sql_error&) {
+                        m_failed.fetch_add(1);
+                    }
+                }
+            });
+        }
+    }
+    offered_load(const offered_load&) = delete;
+    offered_load& operator=(const offered_load&) = delete;
+    ~offered_load() { stop(); }
+
+    void stop() {
+        m_stop.store(true);
+        for (std::thread& caller : m_callers) {
+            if (caller.joinable()) {
+                caller.join();
+            }
+        }
+    }
+    [[nodiscard]] long failed() const { return m_failed.load(); }
+
+private:
+    std::atomic<bool> m_stop{false};
+    std::atomic<long> m_failed{0};
+    std::vector<std::thread> m_callers;
+};
+
+/// How long until `done(gate.limit())` holds, looking every millisecond, at
+/// most `most` (then most + 1 ms).
+template <class Done>
+std::chrono::milliseconds until(const bulkhead::db_bulkhead<bulkhead::pqxx_pool>& gate, std::chrono::milliseconds most,
+                                Done done) {
+    const auto start = clock_type::now();
+    while (clock_type::now() - start <= most) {
+        if (done(gate.limit())) {
+            return std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start);
+        }
+        std::this_thread::sleep_for(1ms);  // polling an observation, not ordering threads
+    }
+    return most + 1ms;
+}
+
+void prepare_table(pqxx::connection& monitor) {
+    pqxx::work tx(monitor);
+    tx.exec("CREATE TABLE IF NOT EXISTS bulkhead_adaptive (id int PRIMARY KEY)");
+    tx.exec("INSERT INTO bulkhead_adaptive VALUES (1) ON CONFLICT DO NOTHING");
+    tx.commit();
+}
+
+/// Runs the load until the limit has grown past the floor and the gate
+/// knows its baseline; returns the limit then.
+int settled_limit(bulkhead::db_bulkhead<bulkhead::pqxx_pool>& gate) {
+    REQUIRE(until(gate, 10s, [&](int) { return gate.stats().latency_baseline > 0ns; }) <= 10s);
+    // Three seconds of quiet: the slow start ends where the server stops keeping up, or at B.
+    std::this_thread::sleep_for(3s);  // the phase's length is the experiment, it orders nothing
+    return gate.limit();
+}
+
+/// Locks the table from another session, checks the fall (G3), unlocks it
+/// and checks the rise (G4).
+void slow_down_and_recover(const std::string& name, const std::string& statement, bulkhead::limit_reason expected) {
+    auto monitor = outside_connection();
+    prepare_table(monitor);
+    bulkhead::pqxx_pool pool(pool_options(name, permits));
+    bulkhead::db_bulkhead<bulkhead::pqxx_pool> gate(pool, permits, 32, bulkhead::adaptive_options{.floor = 1});
+    offered_load load(gate, statement);
+    const int quiet = settled_limit(gate);
+    INFO("quiet limit " << quiet << ", baseline " << gate.stats().latency_baseline.count() << " ns");
+    REQUIRE(quiet >= 2);  // room to fall
+
+    auto locker = outside_connection();
+    pqxx::work lock(locker);
+    lock.exec("LOCK TABLE bulkhead_adaptive IN ACCESS EXCLUSIVE MODE");
+    const auto fell = until(gate, 2s, [&](int limit) { return limit < quiet; });
+    const bulkhead::limit_reason why = gate.stats().limit_reason;
+    const auto floor = until(gate, 5s, [&](int limit) { return limit == 1; });
+    // The server's recovery: the lock goes, the waiting statements run.
+    lock.commit();
+    const auto rose = until(gate, 5s, [&](int limit) { return limit >= quiet; });
+    load.stop();
+    const bulkhead::gate_stats stats = gate.stats();
+    std::printf(
+        "adaptive: %s: quiet limit %d (baseline %.3f ms); locked: below it after %lld ms (%s), at the floor "
+        "after %lld ms; unlocked: back to %d after %lld ms; %llu changes, %ld failed calls\n",
+        name.c_str(), quiet, static_cast<double>(stats.latency_baseline.count()) / 1e6,
+        static_cast<long long>(fell.count()), std::string(bulkhead::to_string(why)).c_str(),
+        static_cast<long long>(floor.count()), quiet, static_cast<long long>(rose.count()),
+        static_cast<unsigned long long>(stats.limit_changes), load.failed());
+    CHECK(fell <= 2s);  // G3
+    CHECK(why == expected);
+    CHECK(rose <= 5s);  // G4
+    CHECK(stats.running == 0);
+    CHECK(stats.queued == 0);
+    CHECK(stats.available == gate.limit());
+    CHECK(stats.available_slots == permits + 32);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "[G3] an adaptive gate's limit falls within 2 s of the database slowing down: a lock stalls every call, "
+    "or lock timeouts (55P03) fail them",
+    "[pg][G3][adaptive]") {
+    SECTION("the calls wait on the lock: stalled") {
+        slow_down_and_recover("bulkhead-g3-stalled", "SELECT count(*) FROM bulkhead_adaptive, pg_sleep(0.002)",
+                              bulkhead::limit_reason::stalled);
+    }
+    SECTION("the calls time out on the lock (SQLSTATE 55P03): errors") {
+        slow_down_and_recover(
+            "bulkhead-g3-errors",
+            "SET LOCAL lock_timeout = '20ms'; SELECT count(*) FROM bulkhead_adaptive, pg_sleep(0.002)",
+            bulkhead::limit_reason::errors);
+    }
+}
+
+TEST_CASE("[G4] an adaptive gate's limit rises back within 5 s of the database's recovery", "[pg][G4][adaptive]") {
+    // slow_down_and_recover() checks both; this case runs the stalled one
+    // once more, so that G4 has a test named after it.
+    slow_down_and_recover("bulkhead-g4", "SELECT count(*) FROM bulkhead_adaptive, pg_sleep(0.002)",
+                          bulkhead::limit_reason::stalled);
+}

@@ -1,0 +1,382 @@
+// Contract G3-G7 without a database: the adaptive limit's rules
+// (limit_controller) on simulated intervals, with simulated time (G3, G4,
+// G5, G6), and resizing the permits while callers hold them and wait for
+// them (G7: fifo_semaphore::shrink() and release(), and a whole adaptive
+// gate over the test-double pool). tests/pg/adaptive_pg_test.cpp checks G3
+// and G4 against a real PostgreSQL.
+#include "fake_pool.hpp"
+#include "test_util.hpp"
+
+#include <bulkhead/adaptive_limit.hpp>
+#include <bulkhead/bulkhead.hpp>
+
+#include "catch.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+using bulkhead::adaptive_options;
+using bulkhead::interval_sample;
+using bulkhead::limit_controller;
+using bulkhead::limit_reason;
+
+namespace {
+
+/// A database with `cores` worth of capacity: a call costs `base` while the
+/// calls in it (the gate's `limit` and a neighbour's load) fit, and
+/// proportionally more beyond (they queue inside it), with +-5% noise. The
+/// gate's callers always have more work than the limit (each interval is
+/// limited), as under overload.
+class simulated_database {
+public:
+    simulated_database(double base_ms, double cores) : m_base_ms(base_ms), m_cores(cores) {}
+
+    void set_neighbour(double load) { m_neighbour = load; }
+
+    /// The mean permit hold at `limit` calls in flight.
+    [[nodiscard]] double mean_ms(int limit) const {
+        return m_base_ms * std::max(1.0, (static_cast<double>(limit) + m_neighbour) / m_cores);
+    }
+
+    /// One 250 ms interval at `limit`.
+    interval_sample interval(int limit) {
+        std::uniform_real_distribution<double> noise(0.95, 1.05);
+        const double mean = mean_ms(limit) * noise(m_random);
+        interval_sample sample;
+        sample.length = 250ms;
+        sample.calls = std::max<std::int64_t>(1, static_cast<std::int64_t>(250.0 * limit / mean));
+        sample.held =
+            std::chrono::nanoseconds(static_cast<std::int64_t>(mean * 1e6 * static_cast<double>(sample.calls)));
+        sample.inside = limit;
+        sample.limited = true;
+        return sample;
+    }
+
+private:
+    double m_base_ms;
+    double m_cores;
+    double m_neighbour = 0.0;
+    std::mt19937 m_random{20261202};
+};
+
+/// Runs `intervals` intervals; returns the lowest and highest limit they decided.
+std::pair<int, int> run(limit_controller& controller, simulated_database& database, int intervals) {
+    int lowest = std::numeric_limits<int>::max();
+    int highest = std::numeric_limits<int>::min();
+    for (int i = 0; i < intervals; ++i) {
+        const int limit = controller.update(database.interval(controller.limit()));
+        lowest = std::min(lowest, limit);
+        highest = std::max(highest, limit);
+    }
+    return {lowest, highest};
+}
+
+/// Intervals until `done(limit)` holds, at most `most`; most + 1 if never.
+template <class Done>
+int intervals_until(limit_controller& controller, simulated_database& database, int most, Done done) {
+    for (int i = 1; i <= most; ++i) {
+        if (done(controller.update(database.interval(controller.limit())))) {
+            return i;
+        }
+    }
+    return most + 1;
+}
+
+constexpr int per_second = 4;  // 250 ms intervals
+
+}  // namespace
+
+TEST_CASE("[G3] the adaptive limit falls within 2 s of the database slowing down (simulated time)", "[G3][adaptive]") {
+    simulated_database database(2.0, 16.0);
+    limit_controller controller(adaptive_options{}, 32);
+    (void)run(controller, database, 20 * per_second);  // quiet: it settles
+    const int quiet = controller.limit();
+    INFO("quiet limit " << quiet << ", baseline " << controller.baseline().count() << " ns");
+    CHECK(quiet >= 16);  // the database serves 16 at once at full speed
+    CHECK(database.mean_ms(quiet) <= 1.5 * 2.0 * 1.06);
+
+    SECTION("a noisy neighbour takes the database's capacity") {
+        database.set_neighbour(32.0);
+        const int took = intervals_until(controller, database, 2 * per_second, [&](int l) { return l <= quiet / 2; });
+        CHECK(took <= 2 * per_second);
+        CHECK(controller.reason() == limit_reason::latency);
+    }
+    SECTION("every call stalls: none finishes") {
+        interval_sample stalled;
+        stalled.length = 250ms;
+        stalled.inside = quiet;
+        stalled.limited = true;
+        CHECK(controller.update(stalled) == quiet / 2);
+        CHECK(controller.reason() == limit_reason::stalled);
+    }
+    SECTION("the server reports saturation (SQLSTATE class 53), or timeouts above the error rate") {
+        interval_sample sample = database.interval(quiet);
+        sample.saturated = 1;
+        CHECK(controller.update(sample) == quiet / 2);
+        CHECK(controller.reason() == limit_reason::saturated);
+        const int before = controller.limit();
+        sample = database.interval(before);
+        sample.timeouts = sample.calls / 10 + 1;
+        CHECK(controller.update(sample) == before * 3 / 4);
+        CHECK(controller.reason() == limit_reason::errors);
+    }
+}
+
+TEST_CASE("[G4] the adaptive limit rises back within 5 s of the database's recovery (simulated time)",
+          "[G4][adaptive]") {
+    simulated_database database(2.0, 16.0);
+    limit_controller controller(adaptive_options{}, 32);
+    (void)run(controller, database, 20 * per_second);
+    const int quiet = controller.limit();
+    database.set_neighbour(32.0);
+    const auto [lowest, highest] = run(controller, database, 60 * per_second);  // a minute of neighbour
+    INFO("quiet " << quiet << ", under the neighbour " << lowest << ".." << highest);
+    CHECK(highest < quiet);
+    database.set_neighbour(0.0);
+    const int took = intervals_until(controller, database, 5 * per_second, [&](int l) { return l >= quiet; });
+    CHECK(took <= 5 * per_second);
+    CHECK(controller.reason() == limit_reason::recovered);
+}
+
+TEST_CASE("[G5] the adaptive limit does not drift upward under sustained modest overload (simulated time)",
+          "[G5][adaptive]") {
+    // Modest overload: the callers always want more than the limit, and a
+    // neighbour keeps the database a little past its capacity. Twenty
+    // simulated minutes.
+    simulated_database database(2.0, 16.0);
+    database.set_neighbour(6.0);
+    limit_controller controller(adaptive_options{}, 64);
+    (void)run(controller, database, 60 * per_second);  // the first minute: it settles
+    const auto [early_low, early_high] = run(controller, database, 60 * per_second);
+    const auto baseline_early = controller.baseline();
+    const auto [late_low, late_high] = run(controller, database, 18 * 60 * per_second);
+    INFO("minute 2: " << early_low << ".." << early_high << ", minutes 3-20: " << late_low << ".." << late_high
+                      << ", baseline " << baseline_early.count() << " -> " << controller.baseline().count() << " ns");
+    CHECK(late_high <= early_high);
+    // The baseline stays what a call costs uncongested (2 ms), within the
+    // noise: a baseline that followed the loaded latency would creep up,
+    // and the limit with it.
+    CHECK(controller.baseline() >= 1800us);
+    CHECK(controller.baseline() <= 2200us);
+    // And the limit keeps the latency near it: within the tolerance.
+    CHECK(database.mean_ms(late_high) <= 1.5 * 2.0 * 1.06);
+}
+
+TEST_CASE("[G6] the adaptive limit never exceeds the ceiling nor falls below the floor, whatever it is fed",
+          "[G6][adaptive]") {
+    std::mt19937 random(6);
+    for (const auto& [floor, ceiling] :
+         {std::pair{1, 1}, std::pair{1, 2}, std::pair{3, 3}, std::pair{2, 40}, std::pair{1, 1000}, std::pair{50, 64}}) {
+        limit_controller controller(adaptive_options{.floor = floor}, ceiling);
+        int lowest = controller.limit();
+        int highest = controller.limit();
+        std::uniform_int_distribution<std::int64_t> calls(0, 400);
+        std::uniform_int_distribution<std::int64_t> hold_us(1, 1'000'000);
+        std::uniform_int_distribution<int> coin(0, 9);
+        for (int i = 0; i < 20'000; ++i) {
+            interval_sample sample;
+            sample.length = std::chrono::milliseconds(std::uniform_int_distribution<int>(1, 2000)(random));
+            sample.calls = calls(random);
+            sample.held = std::chrono::microseconds(hold_us(random) * std::max<std::int64_t>(sample.calls, 1));
+            sample.inside = calls(random) % (ceiling + 1);
+            sample.limited = coin(random) < 7;
+            sample.saturated = coin(random) == 0 ? 1 : 0;
+            sample.timeouts = coin(random) == 1 ? calls(random) : 0;
+            sample.conflicts = coin(random) == 2 ? calls(random) : 0;
+            const int limit = controller.update(sample);
+            lowest = std::min(lowest, limit);
+            highest = std::max(highest, limit);
+        }
+        INFO("floor " << floor << ", ceiling " << ceiling << ": " << lowest << ".." << highest);
+        CHECK(lowest >= floor);
+        CHECK(highest <= ceiling);
+        CHECK((floor == ceiling || controller.changes() > 0));
+    }
+}
+
+TEST_CASE("[G6] adaptive settings out of range are refused at construction, naming the setting", "[G6][adaptive]") {
+    bulkhead_test::fake_pool pool;
+    using gate_t = bulkhead::db_bulkhead<bulkhead_test::fake_pool>;
+    CHECK_THROWS_WITH([&] { gate_t gate(pool, 4, 0, adaptive_options{.floor = 5}); }(),
+                      Catch::Matchers::ContainsSubstring("floor must be in [1, B] (B is 4, floor 5)"));
+    CHECK_THROWS_WITH([&] { gate_t gate(pool, 4, 0, adaptive_options{.floor = 0}); }(),
+                      Catch::Matchers::ContainsSubstring("floor must be in [1, B]"));
+    CHECK_THROWS_WITH([&] { gate_t gate(pool, 4, 0, adaptive_options{.interval = 0ms}); }(),
+                      Catch::Matchers::ContainsSubstring("interval must be at least 1 ms"));
+    CHECK_THROWS_WITH([&] { gate_t gate(pool, 4, 0, adaptive_options{.tolerance = 1.0}); }(),
+                      Catch::Matchers::ContainsSubstring("tolerance must be a finite number above 1"));
+    CHECK_THROWS_WITH([&] { gate_t gate(pool, 4, 0, adaptive_options{.tolerance = 1.5, .headroom = 2.0}); }(),
+                      Catch::Matchers::ContainsSubstring("headroom must be in [1, tolerance]"));
+    CHECK_THROWS_WITH([&] { gate_t gate(pool, 4, 0, adaptive_options{.error_rate = 0.0}); }(),
+                      Catch::Matchers::ContainsSubstring("error_rate must be in (0, 1]"));
+    CHECK_THROWS_WITH([&] { gate_t gate(pool, 4, 0, adaptive_options{.min_samples = 0}); }(),
+                      Catch::Matchers::ContainsSubstring("min_samples must be at least 1"));
+    const gate_t fixed(pool, 4, 0, adaptive_options{.floor = 4});  // floor == B: legal, and fixed in effect
+    CHECK(fixed.limit() == 4);
+    CHECK(fixed.adaptive());
+}
+
+TEST_CASE("[G7] shrinking takes free permits at once and the rest as a debt that releases pay before any waiter",
+          "[G7][adaptive][semaphore]") {
+    bulkhead::fifo_semaphore permits(3);
+    REQUIRE(permits.try_acquire());
+    REQUIRE(permits.try_acquire());
+    REQUIRE(permits.try_acquire());
+    std::vector<int> granted;
+    std::mutex granted_mutex;
+    std::vector<std::thread> waiters;
+    for (int id = 0; id < 2; ++id) {
+        waiters.emplace_back([&, id] {
+            permits.acquire();
+            const std::lock_guard lock(granted_mutex);
+            granted.push_back(id);
+        });
+        // Queued in this order: each joins before the next starts.
+        REQUIRE(bulkhead_test::eventually([&] { return permits.waiting() == id + 1; }));
+    }
+    permits.shrink(2);  // three held, none free: all of it is debt
+    CHECK(permits.balance() == -2);
+    CHECK(permits.available() == 0);
+    permits.release();  // pays one
+    permits.release();  // pays the other
+    CHECK(permits.balance() == 0);
+    CHECK(permits.waiting() == 2);  // nobody was served
+    permits.release();              // the third goes to the oldest waiter
+    REQUIRE(bulkhead_test::eventually([&] { return permits.waiting() == 1; }));
+    permits.release(2);  // growing back: the second waiter, and one free
+    for (std::thread& waiter : waiters) {
+        waiter.join();
+    }
+    CHECK(granted == std::vector<int>{0, 1});
+    CHECK(permits.balance() == 1);
+    permits.release();
+    permits.release();
+    CHECK(permits.balance() == 3);  // back to three, none lost, none made
+}
+
+TEST_CASE("[G7] a limit that shrinks and grows under callers that hold and wait loses, duplicates and strands nothing",
+          "[G7][adaptive][semaphore]") {
+    constexpr int ceiling = 4;
+    constexpr int callers = 6;
+    constexpr int calls_each = 3000;
+    bulkhead::fifo_semaphore permits(ceiling);
+    std::atomic<int> holding{0};
+    std::atomic<int> most{0};
+    std::atomic<int> done{0};
+    std::atomic<bool> resizing{true};
+    std::vector<std::thread> threads;
+    threads.reserve(callers);
+    for (int c = 0; c < callers; ++c) {
+        threads.emplace_back([&, c] {
+            for (int i = 0; i < calls_each; ++i) {
+                bool held = true;
+                if ((i + c) % 3 == 0) {
+                    permits.acquire();
+                } else {
+                    held = permits.try_acquire_for(std::chrono::microseconds((i % 7) * 50));
+                }
+                if (held) {
+                    bulkhead_test::raise_max(most, holding.fetch_add(1) + 1);
+                    holding.fetch_sub(1);
+                    permits.release();
+                }
+            }
+            done.fetch_add(1);
+        });
+    }
+    std::thread resizer([&] {
+        std::mt19937 random(7);
+        int capacity = ceiling;
+        while (resizing.load()) {
+            const int next = std::uniform_int_distribution<int>(0, ceiling)(random);
+            if (next < capacity) {
+                permits.shrink(capacity - next);
+            } else {
+                permits.release(next - capacity);
+            }
+            capacity = next;
+            std::this_thread::yield();
+        }
+        permits.release(ceiling - capacity);  // back to the ceiling, so that every blocked caller finishes
+    });
+    // The callers run while the limit moves; the resizer restores it once
+    // they are near the end (a caller blocked in acquire() at capacity 0
+    // waits for that).
+    REQUIRE(bulkhead_test::eventually([&] { return done.load() >= callers / 2; }, 60s));
+    resizing.store(false);
+    resizer.join();
+    for (std::thread& thread : threads) {
+        thread.join();
+    }
+    CHECK(done.load() == callers);
+    CHECK(most.load() <= ceiling);
+    CHECK(permits.waiting() == 0);
+    CHECK(permits.balance() == ceiling);  // none lost, none duplicated
+}
+
+TEST_CASE("[G7] an adaptive gate whose limit falls and rises with waiters queued ends with every permit back",
+          "[G7][adaptive]") {
+    bulkhead_test::fake_pool pool;
+    constexpr int ceiling = 6;
+    bulkhead::db_bulkhead<bulkhead_test::fake_pool> gate(pool, ceiling, 64,
+                                                         adaptive_options{.floor = 1, .interval = 20ms});
+    std::atomic<int> inside{0};
+    std::atomic<int> most{0};
+    std::atomic<int> slow{1};  // the work's cost in ms: the "database" slows down and recovers
+    std::atomic<bool> running{true};
+    std::atomic<std::uint64_t> calls{0};
+    std::vector<std::thread> callers;
+    callers.reserve(10);
+    for (int c = 0; c < 10; ++c) {
+        callers.emplace_back([&] {
+            while (running.load()) {
+                (void)gate.try_transaction({.queue_wait = 200ms}, [&](bulkhead_test::fake_pool::work&) {
+                    bulkhead_test::raise_max(most, inside.fetch_add(1) + 1);
+                    // The work's duration is what the limit reacts to: it orders nothing.
+                    std::this_thread::sleep_for(std::chrono::milliseconds(slow.load()));
+                    inside.fetch_sub(1);
+                });
+                calls.fetch_add(1);
+            }
+        });
+    }
+    int lowest = ceiling;
+    int highest_after = 0;
+    REQUIRE(bulkhead_test::eventually([&] { return gate.stats().latency_baseline > 0ns; }, 20s));
+    slow.store(8);  // eight times slower
+    REQUIRE(bulkhead_test::eventually(
+        [&] {
+            lowest = std::min(lowest, gate.limit());
+            return lowest < ceiling;
+        },
+        20s));
+    slow.store(1);
+    REQUIRE(bulkhead_test::eventually(
+        [&] {
+            highest_after = gate.limit();
+            return highest_after == ceiling;
+        },
+        20s));
+    running.store(false);
+    for (std::thread& caller : callers) {
+        caller.join();
+    }
+    const bulkhead::gate_stats stats = gate.stats();
+    INFO("lowest limit " << lowest << ", changes " << stats.limit_changes << ", calls " << calls.load());
+    CHECK(most.load() <= ceiling);
+    CHECK(stats.limit_changes >= 2);
+    CHECK(stats.running == 0);
+    CHECK(stats.queued == 0);
+    CHECK(stats.available == gate.limit());
+    CHECK(stats.available_slots == ceiling + 64);
+    CHECK(stats.admitted == stats.completed);
+}
