@@ -131,7 +131,7 @@ public:
         // relaxed load: a starting guess, the CAS re-validates it.
         std::uint64_t seen = m_state.load(std::memory_order_relaxed);
         do {
-            if (waiters_of(seen) != 0 || free_of(seen) <= 0) {
+            if (waiters_of(seen) != 0 || !has_free(seen)) {
                 return false;
             }
             // acquire on success: pairs with the release CAS/fetch_add in release().
@@ -317,6 +317,11 @@ private:
     static constexpr std::int64_t free_of(std::uint64_t state) noexcept {
         return static_cast<std::int64_t>(state & 0xffff'ffffU) - static_cast<std::int64_t>(bias);
     }
+    /// free_of(state) > 0, as one 32-bit compare with an immediate (the
+    /// fast paths' test).
+    static constexpr bool has_free(std::uint64_t state) noexcept {
+        return static_cast<std::uint32_t>(state) > static_cast<std::uint32_t>(bias);
+    }
     static constexpr std::uint64_t waiters_of(std::uint64_t state) noexcept { return state >> 32; }
 
     static std::uint64_t checked_permits(std::int64_t permits) {
@@ -474,7 +479,7 @@ private:
     bool take_or_enqueue(detail::queue_node& node) noexcept {
         std::uint64_t seen = m_state.load(std::memory_order_relaxed);
         for (;;) {
-            if (waiters_of(seen) == 0 && free_of(seen) > 0) {
+            if (waiters_of(seen) == 0 && has_free(seen)) {
                 if (m_state.compare_exchange_weak(seen, seen - 1, std::memory_order_acquire,
                                                   std::memory_order_relaxed)) {
                     return true;
@@ -504,7 +509,7 @@ private:
         {
             const std::lock_guard lock(m_mutex);
             std::uint64_t seen = m_state.load(std::memory_order_relaxed);
-            while (!m_queue.empty() && free_of(seen) > 0) {
+            while (!m_queue.empty() && has_free(seen)) {
                 // One permit and one waiter out in one step. acquire: pairs
                 // with the release fetch_add of whoever freed the permit.
                 const std::uint64_t taken = seen - one_waiter - 1;
