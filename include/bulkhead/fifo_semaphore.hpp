@@ -59,8 +59,9 @@
 // these races many thousands of times (tests/unit/fifo_semaphore_test.cpp);
 // tests/model/fifo_semaphore.pml checks every interleaving of its
 // configurations (3 threads making one call each, 2 threads making two, 4
-// threads with 2 permits, and threads mixed with async nodes whose cancel()
-// races their grant; see tests/model/CMakeLists.txt).
+// threads with 2 permits, threads mixed with async nodes whose cancel()
+// races their grant, and a resizer whose shrink() and grow race them all;
+// see tests/model/CMakeLists.txt).
 //
 // Asynchronous waiters. A caller that must not block a thread (a coroutine,
 // see asio.hpp) queues an async_node instead: acquire_or_enqueue() takes a

@@ -61,7 +61,7 @@ if ((expect_violation)); then
         exit 1
     fi
     printf 'check.sh: RESULT: violation found, as expected; counterexample (its last steps):\n'
-    spin "${defines[@]}" -t -p -g model.pml 2>&1 | grep -E 'assertion violated|invalid end state|proc +[0-9]+ \((worker|stopper|async_waiter|canceller):' | tail -n 25 || true
+    spin "${defines[@]}" -t -p -g model.pml 2>&1 | grep -E 'assertion violated|invalid end state|proc +[0-9]+ \((worker|stopper|async_waiter|canceller|resizer):' | tail -n 25 || true
     exit 0
 fi
 if ((errors != 0)); then

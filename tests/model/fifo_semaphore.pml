@@ -6,13 +6,17 @@
  * block (worker: detail::waiter nodes on their stacks) and asynchronous
  * callers (async_waiter: fifo_semaphore::async_node, with a canceller each).
  * Node ids: threads 0 .. NWORKERS-1, async nodes NWORKERS .. NNODES-1.
+ * Optionally (-DRESIZE=n) a resizer changes the limit while they run.
  *
  * What is modelled, step for step with the C++ code:
  *   - m_state, the packed word "free permits | waiters << 32": two variables
  *     that are only ever changed together inside one atomic block, which is a
  *     compare-and-swap against the values the thread loaded earlier (the load
- *     and the CAS are separate steps, so other threads run in between);
- *   - try_acquire(): the lock-free fast path (fails while anyone waits);
+ *     and the CAS are separate steps, so other threads run in between), or a
+ *     fetch_add / fetch_sub; the free count is signed (the code stores it
+ *     with a bias of 2^31): below zero while a shrink's debt is unpaid;
+ *   - try_acquire(): the lock-free fast path (fails while anyone waits or
+ *     while the free count is not above zero);
  *   - release(): one fetch_add of the permit, whatever the word holds; if
  *     it saw waiters, hand_over(): under m_mutex it picks the oldest waiters
  *     of either kind while free permits remain (load, then a CAS taking one
@@ -44,6 +48,15 @@
  *     never: under m_mutex, still queued? remove it, one waiter less, true
  *     (the call holds nothing) : false (a hand_over has unlinked it, its
  *     on_granted has run or is about to, the permit is the caller's);
+ *   - the resizer (-DRESIZE=n, for an adaptive limit), concurrently with
+ *     every caller: n times, shrink by one and grow back by one, in either
+ *     order (chosen each time, so a grow may come before its shrink).
+ *     shrink(1) is its one relaxed fetch_sub of the free count, whatever it
+ *     holds (it may go negative: a debt that the next fetch_adds pay before
+ *     any waiter is served); growing is release(1) by a thread that holds no
+ *     permit, step for step the releaser's path: the fetch_add, then, if it
+ *     saw waiters, hand_over() under m_mutex. With 1 permit the capacity
+ *     goes down to 0 (callers queue until the grow) and up to 2;
  *   - the condition variable: wait releases the node's lock atomically; a
  *     notify reaches the waiter only while it sleeps; a timed wait may wake
  *     at any moment (the deadline is abstract time) and then reports timeout
@@ -52,24 +65,35 @@
  *     so that a lost wake-up shows as a stuck waiter (an invalid end state).
  *
  * What is checked (spin -a, pan with -DSAFETY: every reachable state):
- *   1. conservation: free + held + in flight == PERMITS in every state (no
+ *   1. conservation: free + held + in flight == capacity in every state (no
  *      permit lost, none duplicated), and so at quiescence; "in flight" is a
  *      permit between a releaser's hands and the free count; a permit
  *      belongs to a waiter of either kind from the moment hand_over unlinks
- *      it;
+ *      it; the capacity is PERMITS - shrinks + grows so far, a variable of
+ *      the model changed in the same step as the shrink's fetch_sub and the
+ *      grow's fetch_add (without a resizer it stays PERMITS); the free count
+ *      is negative exactly when the permits held or in flight outnumber the
+ *      capacity (a shrink took permits that were not free);
  *   2. a wait that ends acquired holds exactly one permit, one that ends
- *      timed_out or cancelled holds none, and never more than PERMITS
- *      callers hold one at once; likewise for an async caller: granted (or
- *      taken at once) holds one, cancelled while queued holds none;
+ *      timed_out or cancelled holds none, and never more than MAX_CAPACITY
+ *      (PERMITS, or PERMITS + 1 with a resizer) callers hold one at once;
+ *      likewise for an async caller: granted (or taken at once) holds one,
+ *      cancelled while queued holds none; the limit: every take of a permit
+ *      (try_acquire, take_or_enqueue, a hand_over's grant) leaves at most
+ *      `capacity` permits held, granted ones included, so after a shrink
+ *      nobody acquires until the holders are below the new capacity (nobody
+ *      takes a permit of the debt);
  *   3. FIFO across both kinds: hand_over grants the oldest queued node,
  *      thread or async (no node still in the queue has an older ticket), a
  *      node is unlinked before it is granted, and nobody takes a permit
  *      outside hand_over while someone is queued (no barging);
  *   4. no waiter stuck with a permit available: "waiters > 0 and free > 0"
- *      only while a release() that saw waiters has not yet let go of m_mutex
- *      in its hand_over() (in every state), and every caller finishes (a
- *      thread that sleeps forever, or an async node that is never granted
- *      nor cancelled, is an invalid end state);
+ *      only while a release() that saw waiters (a caller's or a grow) has
+ *      not yet let go of m_mutex in its hand_over() (in every state), and
+ *      every caller finishes (a thread that sleeps forever, or an async node
+ *      that is never granted nor cancelled, is an invalid end state; with a
+ *      resizer too: each shrink's grow comes, so a caller left waiting is a
+ *      bug, not a capacity that stayed at 0);
  *   5. the waiter count equals the queue's length (in every state of the
  *      model, which folds the two changes into one step under m_mutex);
  *   6. a releaser touches a node (granted, notify, handed_over; on_granted)
@@ -78,7 +102,9 @@
  *   7. every queued async node gets exactly one of: on_granted (once), or
  *      cancel(node) == true; cancel(node) == false only for a node a
  *      hand_over has unlinked (its grant has come or is coming);
- *   8. at the end: every permit free, nobody queued, every caller finished.
+ *   8. at the end: the capacity back to PERMITS and every permit free (free
+ *      == capacity: every debt paid), nobody queued, every caller and the
+ *      resizer finished.
  *
  * Seeded bugs (compile with -D<NAME>; each must make the check fail):
  *   BUG_HANDOVER_FREES         hand_over leaves the permit in the free count
@@ -103,8 +129,21 @@
  *   BUG_GRANT_KEEPS_LINKED     hand_over grants an async node (takes its
  *                              permit and its waiter count) without unlinking
  *                              it: it stays in the queue and `queued`
+ *   BUG_GROW_WITHOUT_HANDOVER  (with RESIZE) a grow adds its permit (the
+ *                              fetch_add) but never hand_over()s to the
+ *                              waiters it saw
+ *   BUG_TAKE_IN_DEBT           (with RESIZE) try_acquire() treats only
+ *                              free == 0 as "no permit" (the test of the code
+ *                              before the free count could go negative), so
+ *                              it takes a permit from a negative free count
  *
- * Not modelled: release(count > 1); a lock that throws (the C++ code
+ * Not modelled: release(count > 1), and so a grow by more than one;
+ * shrink(count > 1), and a debt of more than one permit at a time (with 1
+ * permit and one shrink at a time the free count goes down to -1); a
+ * resizer that shrinks for good (the model's every shrink is followed by
+ * its grow, or preceded by it); shrink()'s debug-only load before its
+ * fetch_sub (an assertion, it decides nothing); memory orders (every
+ * access here is sequentially consistent); a lock that throws (the C++ code
  * terminates then: wait_queued(), release() and hand_over() are noexcept);
  * stop_possible() == false (the same as not passing a token). node_alive is
  * per thread, not per node: a releaser touching a node after its thread
@@ -123,10 +162,14 @@
  * Sizes: NWORKERS threads (1 to 4, default 3), NASYNC async waiters (0 to 3,
  * default 0: the thread-only configurations are exactly what they were
  * before async nodes existed), PERMITS (default 1), ROUNDS acquisitions per
- * thread (default 2; CI uses 1 with 3 threads). The kinds of wait:
- * acquire(), try_acquire_for(d), acquire(stop) and try_acquire_for(d, stop);
- * the stop kinds only in the first round (one stop source per thread, whose
- * stop a thread of its own may request at any moment, or never). By default
+ * thread (default 2; CI uses 1 with 3 threads), RESIZE shrink-and-grow
+ * cycles of the resizer (0 to 2, default 0: no resizer, and every
+ * configuration has exactly the states it had before the resizer existed;
+ * with it PERMITS must be 1, as hand_over's list of grantees holds two).
+ * The kinds of wait: acquire(), try_acquire_for(d), acquire(stop) and
+ * try_acquire_for(d, stop); the stop kinds only in the first round (one
+ * stop source per thread, whose stop a thread of its own may request at any
+ * moment, or never). By default
  * the roles are fixed (thread 0 acquire(), thread 1 try_acquire_for(d),
  * threads STOPPABLE_FROM (default 2) and up either stop kind; with
  * -DSTOPPABLE_FROM=1 thread 1 takes any of try_acquire_for(d) and the two
@@ -154,6 +197,9 @@
 #ifndef STOPPABLE_FROM
 #define STOPPABLE_FROM 2
 #endif
+#ifndef RESIZE
+#define RESIZE 0
+#endif
 
 /* Node ids: threads 0 .. NWORKERS-1, async nodes NWORKERS .. NNODES-1. */
 #define NNODES (NWORKERS + NASYNC)
@@ -162,6 +208,19 @@
 #define CANCELLER(node) (100 + (node))
 
 #define NOBODY 255
+/* The id under which the resizer takes m_mutex (in its grows' hand_over). */
+#define RESIZER_ID 90
+
+/* The resizer's processes: one with RESIZE > 0, none without. Every shrink
+ * is undone by a grow, so the capacity is PERMITS again at the end, and at
+ * most PERMITS + 1 in between (a grow before its shrink). */
+#if RESIZE > 0
+#define NRESIZERS 1
+#define MAX_CAPACITY (PERMITS + 1)
+#else
+#define NRESIZERS 0
+#define MAX_CAPACITY PERMITS
+#endif
 
 #define ACQUIRED  0
 #define TIMED_OUT 1
@@ -170,8 +229,9 @@
 
 /* ---- the semaphore ---------------------------------------------------- */
 
-byte permits = PERMITS;  /* m_state, low half: free permits  */
-byte waiters = 0;        /* m_state, high half: queued waiters */
+short permits = PERMITS;  /* m_state, low half: free permits; signed: negative while a
+                           * shrink's debt is unpaid (the code's bias of 2^31) */
+byte waiters = 0;         /* m_state, high half: queued waiters */
 
 byte mutex_owner = NOBODY;  /* m_mutex: a thread id, or NOBODY */
 
@@ -217,9 +277,14 @@ byte holding = 0;       /* callers between acquire and release */
 byte ticket[NNODES];    /* arrival order into the queue */
 byte next_ticket = 1;
 byte finished = 0;
+byte capacity = PERMITS;  /* PERMITS - shrinks + grows so far: changed in the step of the
+                           * shrink's fetch_sub and of the grow's fetch_add */
 
 #if NWORKERS < 1 || NWORKERS > 4 || NASYNC < 0 || NASYNC > 3
 #error "NWORKERS must be 1 to 4, NASYNC 0 to 3"
+#endif
+#if RESIZE < 0 || RESIZE > 2 || MAX_CAPACITY > 2
+#error "RESIZE must be 0 to 2, and PERMITS (+ 1 with RESIZE) at most 2: hand_over's list of grantees holds two"
 #endif
 #if NNODES == 2
 #define OWNED (owned[0] + owned[1])
@@ -240,8 +305,8 @@ byte finished = 0;
 active proctype conservation() {
 end:
     atomic {
-        (permits + OWNED + in_flight != PERMITS) ->
-            assert(permits + OWNED + in_flight == PERMITS)  /* no permit lost or duplicated */
+        (permits + OWNED + in_flight != capacity) ->
+            assert(permits + OWNED + in_flight == capacity)  /* no permit lost or duplicated */
     }
 }
 
@@ -264,9 +329,9 @@ end:
 
 active proctype at_the_end() {
 end:
-    (finished == NNODES) ->
-        assert(permits == PERMITS && waiters == 0 && qlen == 0 && in_flight == 0 && pending == 0 &&
-               mutex_owner == NOBODY)
+    (finished == NNODES + NRESIZERS) ->
+        assert(capacity == PERMITS && permits == capacity && waiters == 0 && qlen == 0 && in_flight == 0 &&
+               pending == 0 && mutex_owner == NOBODY)
 }
 
 /* ---- building blocks -------------------------------------------------- */
@@ -374,14 +439,22 @@ inline pop_oldest(node) {
 inline try_acquire(me, ok) {
     atomic { RELOAD; ok = false }  /* one load of the packed word */
     do
+#ifdef BUG_TAKE_IN_DEBT
+    /* the unbiased code's test: only free == 0 means "no permit" */
     :: atomic { seen_waiters != 0 || seen_permits == 0 -> seen_permits = 0; seen_waiters = 0; break }
     :: atomic {
            seen_waiters == 0 && seen_permits != 0 ->
+#else
+    :: atomic { seen_waiters != 0 || seen_permits <= 0 -> seen_permits = 0; seen_waiters = 0; break }
+    :: atomic {
+           seen_waiters == 0 && seen_permits > 0 ->
+#endif
            if
            :: CAS_MATCHES ->
                assert(qlen == 0);  /* no barging past a queued waiter */
                permits--;
                owned[me]++;
+               assert(OWNED <= capacity);  /* the limit: nobody takes a permit of a shrink's debt */
                ok = true;
                seen_permits = 0; seen_waiters = 0;
                break
@@ -391,21 +464,50 @@ inline try_acquire(me, ok) {
     od
 }
 
-/* fifo_semaphore::release(1): before = fetch_add(1); if waiters_of(before)
- * != 0, hand_over(). */
-inline release(me) {
-    d_step { assert(owned[me] == 1); owned[me]--; in_flight++ }
+/* The permit comes back (a caller's release) or into circulation (a grow:
+ * capacity + 1, in the same step as the fetch_add). */
+#define ADD_ONE(growing) if :: growing -> capacity++ :: else -> in_flight-- fi
+
+/* fifo_semaphore::release(1), the part after the caller has let go of its
+ * permit: before = fetch_add(1); if waiters_of(before) != 0, hand_over().
+ * With `growing` it is the resizer's release(1) that raises the limit: the
+ * same code, the permit a new one. */
+inline fetch_add_then_hand_over(me, growing) {
 #ifdef BUG_RELEASE_STALE_WAITERS
     atomic { RELOAD }  /* a load of the word, then the fetch_add */
-    atomic { permits++; in_flight-- ; ok = (seen_waiters != 0); if :: ok -> pending++ :: else -> skip fi }
+    atomic { permits++; ADD_ONE(growing); ok = (seen_waiters != 0); if :: ok -> pending++ :: else -> skip fi }
 #else
-    atomic { ok = (waiters != 0); permits++; in_flight--; if :: ok -> pending++ :: else -> skip fi }
+    atomic { ok = (waiters != 0); permits++; ADD_ONE(growing); if :: ok -> pending++ :: else -> skip fi }
 #endif
     if
     :: ok -> ok = false; hand_over(me)  /* pending-- when it lets go of m_mutex */
     :: else -> skip
     fi;
     d_step { seen_permits = 0; seen_waiters = 0 }
+}
+
+/* fifo_semaphore::release(1) by a caller that holds a permit. */
+inline release(me) {
+    d_step { assert(owned[me] == 1); owned[me]--; in_flight++ }
+    fetch_add_then_hand_over(me, false)
+}
+
+/* fifo_semaphore::shrink(1): one fetch_sub of the free count, whatever it
+ * holds; below zero it is a debt that the next fetch_adds pay. It wakes,
+ * skips and waits for nobody. */
+inline shrink() {
+    d_step { permits--; capacity-- }
+}
+
+/* The limit grows by one: fifo_semaphore::release(1) by the resizer, which
+ * holds no permit: the fetch_add (capacity + 1 in the same step), then, if
+ * it saw waiters, hand_over(), as any release. */
+inline grow() {
+#ifdef BUG_GROW_WITHOUT_HANDOVER
+    d_step { permits++; capacity++ }  /* the permit added; the waiters it saw are left to later releases */
+#else
+    fetch_add_then_hand_over(RESIZER_ID, true)
+#endif
 }
 
 /* fifo_semaphore::hand_over(). Under m_mutex: seen = load; while the queue
@@ -415,8 +517,8 @@ inline release(me) {
  * whichever kind it is. Then, with m_mutex released, oldest first, each
  * node's grant (node.next read before it): a thread's is granted = true
  * (under its lock), notify, handed_over = true; an async node's is its
- * owner's on_granted. The list holds at most PERMITS (<= 2) nodes: first
- * and second. */
+ * owner's on_granted. The list holds at most MAX_CAPACITY (<= 2) nodes:
+ * first and second. */
 inline hand_over(me) {
     atomic { mutex_owner == NOBODY -> mutex_owner = me; RELOAD; first = NOBODY; second = NOBODY }
     do
@@ -434,6 +536,7 @@ inline hand_over(me) {
                seen_waiters--;  /* seen = the value written */
                pop_oldest(next);
                owned[next]++;
+               assert(OWNED <= capacity);  /* the limit: nobody takes a permit of a shrink's debt */
                if
                :: first == NOBODY -> first = next
                :: else -> assert(second == NOBODY); second = next
@@ -493,6 +596,7 @@ inline locked_take_or_enqueue(me) {
                assert(qlen == 0);
                permits--;
                owned[me]++;
+               assert(OWNED <= capacity);  /* the limit: nobody takes a permit of a shrink's debt */
                took = true;
                outcome = ACQUIRED
            :: else -> RELOAD
@@ -647,7 +751,8 @@ inline wait_slow(me, timed, stoppable, outcome) {
 proctype worker(byte me) {
     byte round = 0;
     bool timed, stoppable, ok, took, joined, run_inline, timeout_status;
-    byte outcome, seen_permits, seen_waiters, count, next, k, first, second;
+    byte outcome, seen_waiters, count, next, k, first, second;
+    short seen_permits;
     do
     :: round < ROUNDS ->
 #if defined(PLAIN_ONLY)
@@ -684,7 +789,7 @@ proctype worker(byte me) {
         if
         :: outcome == ACQUIRED ->
             assert(owned[me] == 1);
-            d_step { holding++; assert(holding <= PERMITS) }
+            d_step { holding++; assert(holding <= MAX_CAPACITY) }
             holding--;  /* the work is done */
             release(me)
         :: else ->
@@ -726,7 +831,8 @@ end:   uses_stop[node];  /* only a call that takes the token can see the stop */
  * the code a work thread does that; to the semaphore it is the same). */
 proctype async_waiter(byte me) {
     bool ok, took, joined;
-    byte outcome, seen_permits, seen_waiters, next, k, first, second;
+    byte outcome, seen_waiters, next, k, first, second;
+    short seen_permits;
     /* acquire_or_enqueue(node): try_acquire() first */
     try_acquire(me, ok);
     if
@@ -751,7 +857,7 @@ proctype async_waiter(byte me) {
     if
     :: outcome == ACQUIRED ->
         assert(owned[me] == 1);
-        d_step { holding++; assert(holding <= PERMITS) }
+        d_step { holding++; assert(holding <= MAX_CAPACITY) }
         holding--;  /* the work is done */
         release(me)
     :: else ->
@@ -825,9 +931,32 @@ end:
     fi
 }
 
+/* The adaptive limit: RESIZE times, shrink by one and grow back by one, in
+ * either order (chosen each time), concurrently with every caller. The grow
+ * that follows each shrink always comes, so nobody is left waiting behind a
+ * capacity that stays lower; in between, callers may wait at capacity 0. */
+proctype resizer() {
+    bool ok;
+    short seen_permits;
+    byte seen_waiters, next, k, first, second, done = 0;
+    do
+    :: done < RESIZE ->
+        if
+        :: shrink(); grow()
+        :: grow(); shrink()
+        fi;
+        done++
+    :: else -> break
+    od;
+    finished++
+}
+
 init {
     byte i = 0;
     atomic {
+#if RESIZE > 0
+        run resizer();
+#endif
         do
         :: i < NWORKERS -> run worker(i); run stopper(i); i++
         :: else -> break
