@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cstddef>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <latch>
 #include <memory>
@@ -700,4 +701,63 @@ TEST_CASE(
     }
     CHECK(stats.failed == static_cast<std::uint64_t>(cancelled_running.load()));
     CHECK(stats.completed + stats.failed + rejected == static_cast<std::uint64_t>(calls + 600));
+}
+
+TEST_CASE(
+    "[G7] an adaptive gate's limit falls and rises under coroutine callers queued for it, and every permit comes "
+    "back",
+    "[unit][async][G7][adaptive]") {
+    fake_pool pool;
+    constexpr int ceiling = 6;
+    gate_t gate(pool, ceiling, 64, bulkhead::adaptive_options{.floor = 1, .interval = 20ms});
+    std::atomic<int> inside{0};
+    std::atomic<int> most{0};
+    std::atomic<int> cost_ms{1};  // the work's duration: the "database" slows down and recovers
+    std::atomic<bool> calling{true};
+    std::atomic<int> in_flight{0};
+    std::atomic<long> refused{0};
+    auto work = [&](fake_pool::work&) {
+        bulkhead_test::raise_max(most, inside.fetch_add(1) + 1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(cost_ms.load()));  // the work measured, orders nothing
+        inside.fetch_sub(1);
+        return 1;
+    };
+    // Twenty callers, each calling again from its completion until told to stop.
+    std::function<void()> call = [&] {
+        in_flight.fetch_add(1);
+        gate.async_transaction({.queue_wait = 200ms}, work, [&](std::error_code code, int) {
+            if (code) {
+                refused.fetch_add(1);
+            }
+            if (calling.load()) {
+                call();
+            }
+            in_flight.fetch_sub(1);
+        });
+    };
+    for (int i = 0; i < 20; ++i) {
+        call();
+    }
+    int lowest = ceiling;
+    REQUIRE(bulkhead_test::eventually([&] { return gate.stats().latency_baseline > 0ns; }, 20s));
+    cost_ms.store(8);
+    REQUIRE(bulkhead_test::eventually(
+        [&] {
+            lowest = std::min(lowest, gate.limit());
+            return lowest < ceiling;
+        },
+        20s));
+    cost_ms.store(1);
+    REQUIRE(bulkhead_test::eventually([&] { return gate.limit() == ceiling; }, 20s));
+    calling.store(false);
+    REQUIRE(bulkhead_test::eventually([&] { return in_flight.load() == 0; }, 20s));
+    const bulkhead::gate_stats stats = gate.stats();
+    INFO("lowest limit " << lowest << ", changes " << stats.limit_changes << ", refused " << refused.load());
+    CHECK(most.load() <= ceiling);
+    CHECK(stats.limit_changes >= 2);
+    CHECK(stats.running == 0);
+    CHECK(stats.queued == 0);
+    CHECK(stats.available == gate.limit());
+    CHECK(stats.available_slots == ceiling + 64);
+    CHECK(stats.admitted == stats.completed);
 }

@@ -1,0 +1,389 @@
+// bulkhead_neighbour_bench: a fixed and an adaptive gate under a noisy
+// neighbour (docs/adaptive.md, "The noisy neighbour").
+//
+//   bulkhead_neighbour_bench [--conninfo CONNINFO] --pgbench PATH --prefix PATH [--phase SECONDS] [--quick]
+//
+// CONNINFO defaults to $BULKHEAD_TEST_DATABASE (scripts/bench-neighbour
+// starts a throwaway server and passes it so, keeping the password out of
+// argv).
+// The service's load is open loop: Poisson arrivals at 70 % of what the gate
+// at B = 4 completes in a closed loop on a quiet server, each a read/write
+// transaction (UPDATE one row, SELECT another) with a 250 ms deadline and a
+// 50 ms queue wait, 256 callers. The neighbour is pgbench (-c 4 -j 2) running
+// a CPU-heavy scan (a LIKE over 200,000 rows) against the same server,
+// which has two cores.
+//
+// The plan:
+//   1. the rate: the closed-loop capacity of a gate with B = 4, quiet;
+//   2. a sweep with the neighbour on: fixed gates of B = 1, 2, 4, 8, 16 at
+//      that rate, 10 s each; the best B is the one with the most goodput;
+//   3. three arms, each through three phases of PHASE seconds (60 by
+//      default; --quick: 15): neighbour off, on, off, first under the open
+//      loop, then under a closed loop of 64 callers that call again at once.
+//      The arms: a fixed gate at the best B, a fixed gate at B = 64 (too
+//      high), an adaptive gate with floor 1 and ceiling 64.
+// Results: PREFIX-neighbour.csv (every loop and arm, 0.5 s buckets: goodput,
+// p99 of admitted calls, rejections, the limit), PREFIX-neighbour.md (the
+// tables), also printed on stdout; progress on stderr. About 20 minutes
+// (--quick: about 6).
+#include "arms.hpp"
+#include "conninfo.hpp"
+#include "load.hpp"
+
+#include <bulkhead/adaptive_limit.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace bulkhead_bench {
+namespace {
+
+constexpr auto call_deadline = 250ms;
+constexpr int too_high = 64;
+constexpr int closed_callers = 64;  ///< the closed loop's callers, each calling again at once
+
+struct settings {
+    std::string conninfo;
+    std::string pgbench;
+    std::string prefix;
+    std::chrono::seconds phase{60};
+};
+
+/// A gate in front of its own pool, fixed or adaptive; one call per job.
+class neighbour_arm final : public arm {
+public:
+    neighbour_arm(const settings& config, std::string name, int permits, bool adaptive)
+        : m_name(std::move(name)),
+          m_pool(pool_settings(config.conninfo, permits, 1000ms)),
+          m_gate(make_gate(m_pool, permits, adaptive)) {}
+
+    [[nodiscard]] std::string label() const override { return m_name; }
+    [[nodiscard]] int workers() const override { return 256; }
+
+    call_result call(int /*worker*/, clock::time_point intended, api /*which*/, std::mt19937_64& random) override {
+        call_result result{.began = clock::now()};
+        try {
+            const bulkhead::result<long> answer = m_gate.try_transaction(
+                {.queue_wait = 50ms, .deadline = intended + call_deadline},
+                [&](pqxx::dbtransaction& tx) { return run_statements(tx, workload::read_write, random); });
+            result.what = answer ? outcome::completed : classify(answer.error());
+        } catch (const bulkhead::work_deadline_exceeded&) {
+            result.what = outcome::cut_by_deadline;
+        } catch (const std::exception& failure) {
+            report_failure(m_name.c_str(), failure);
+            result.what = outcome::failed;
+        }
+        result.ended = clock::now();
+        return result;
+    }
+
+    [[nodiscard]] int limit() const noexcept { return m_gate.limit(); }
+
+private:
+    using gate_type = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
+
+    static gate_type make_gate(bulkhead::pqxx_pool& pool, int permits, bool adaptive) {
+        if (adaptive) {
+            return gate_type(pool, permits, 64, bulkhead::adaptive_options{.floor = 1});
+        }
+        return gate_type(pool, permits, 64);
+    }
+
+    std::string m_name;
+    bulkhead::pqxx_pool m_pool;
+    gate_type m_gate;
+};
+
+void progress(const std::string& text) { std::fprintf(stderr, "neighbour: %s\n", text.c_str()); }
+
+/// The neighbour's table and script.
+std::string prepare_neighbour(const std::string& conninfo, const std::string& prefix) {
+    pqxx::connection connection(conninfo);
+    {
+        pqxx::work tx(connection);
+        tx.exec("DROP TABLE IF EXISTS bench_neighbour");
+        tx.exec(
+            "CREATE TABLE bench_neighbour AS SELECT g AS id, md5(g::text) AS pad FROM generate_series(1, 200000) g");
+        tx.commit();
+    }
+    pqxx::nontransaction(connection).exec("VACUUM ANALYZE bench_neighbour");
+    const std::string script = prefix + "-neighbour.sql";
+    std::ofstream(script) << "SELECT count(*) FROM bench_neighbour WHERE pad LIKE '%abc%';\n";
+    return script;
+}
+
+/// Runs pgbench for `length` on another thread.
+class neighbour {
+public:
+    /// The password goes to pgbench through PGPASSWORD (set once by
+    /// run()), not on its command line, where ps would show it.
+    neighbour(const settings& config, const std::string& script, std::chrono::seconds length) {
+        const std::string command = config.pgbench + " -n -q -c 4 -j 2 -T " + std::to_string(length.count()) + " -f " +
+                                    script + " '" + with_field(config.conninfo, "password", "") + "' >/dev/null 2>&1";
+        m_thread = std::thread([command] {
+            if (std::system(command.c_str()) != 0) {  // NOLINT(cert-env33-c): the benchmark's own child
+                std::fprintf(stderr, "neighbour: pgbench failed\n");
+            }
+        });
+    }
+    neighbour(const neighbour&) = delete;
+    neighbour& operator=(const neighbour&) = delete;
+    ~neighbour() { m_thread.join(); }
+
+private:
+    std::thread m_thread;
+};
+
+/// The limit every 100 ms (ms since the start, limit).
+class limit_sampler {
+public:
+    explicit limit_sampler(const neighbour_arm& target) {
+        m_thread = std::thread([this, &target] {
+            const clock::time_point start = clock::now();
+            while (!m_stop.load()) {
+                m_samples.emplace_back(nanoseconds_between(start, clock::now()), target.limit());
+                std::this_thread::sleep_for(100ms);  // the sampling period
+            }
+        });
+    }
+    limit_sampler(const limit_sampler&) = delete;
+    limit_sampler& operator=(const limit_sampler&) = delete;
+    ~limit_sampler() { stop(); }
+    std::vector<std::pair<std::int64_t, int>>& stop() {
+        m_stop.store(true);
+        if (m_thread.joinable()) {
+            m_thread.join();
+        }
+        return m_samples;
+    }
+
+private:
+    std::atomic<bool> m_stop{false};
+    std::vector<std::pair<std::int64_t, int>> m_samples;  // written by the thread, read after stop()
+    std::thread m_thread;
+};
+
+/// The limit at `at_ns`: the last sample at or before it.
+int limit_at(const std::vector<std::pair<std::int64_t, int>>& samples, std::int64_t at_ns) {
+    int limit = samples.empty() ? 0 : samples.front().second;
+    for (const auto& [t, value] : samples) {
+        if (t > at_ns) {
+            break;
+        }
+        limit = value;
+    }
+    return limit;
+}
+
+struct phase_row {
+    std::string loop;
+    std::string arm;
+    std::string phase;
+    run_summary summary;
+    double limit_median = 0;
+    double settle_s = 0;   ///< after the step: until the limit stays within [0.8, 1.25] x the phase median for 2 s
+    double overshoot = 0;  ///< the highest limit in the phase over its median
+};
+
+std::string format(const char* pattern, auto... values) {
+    std::array<char, 512> buffer{};
+    (void)std::snprintf(buffer.data(), buffer.size(), pattern, values...);
+    return buffer.data();
+}
+
+int run(const settings& config) {
+    tighten_timer_slack();
+    const conninfo_fields fields = parse_conninfo(config.conninfo);
+    if (const auto password = fields.find("password"); password != fields.end()) {
+        (void)::setenv("PGPASSWORD", password->second.c_str(), 1);  // for pgbench, before any thread starts
+    }
+    prepare_database(config.conninfo);
+    const std::string script = prepare_neighbour(config.conninfo, config.prefix);
+
+    // 1. The rate.
+    double capacity = 0;
+    {
+        neighbour_arm probe(config, "probe", 4, false);
+        const run_records records = run_closed_loop(probe, 64, 3s, 1);
+        capacity = summarize(records.calls, 10s, records.window_s).throughput;
+    }
+    const double rate = 0.7 * capacity;
+    progress(format("quiet capacity at B = 4: %.0f calls/s; offered %.0f calls/s", capacity, rate));
+
+    // 2. The sweep, the neighbour on.
+    int best = 1;
+    double best_goodput = -1;
+    std::ostringstream sweep;
+    sweep << "| B | goodput (calls/s) | p99 of admitted (ms) | rejected |\n|---|---|---|---|\n";
+    for (const int permits : {1, 2, 4, 8, 16}) {
+        neighbour_arm target(config, "sweep", permits, false);
+        const neighbour noisy(config, script, 12s);
+        std::this_thread::sleep_for(1s);  // the neighbour's start-up; the phase length is the experiment
+        open_loop_plan plan{.arrivals_ns = poisson_arrivals({{10s, rate}}, 7), .window = 10s, .alternate_api = false};
+        const run_records records = run_open_loop(target, plan);
+        const run_summary s = summarize(records.calls, call_deadline, records.window_s);
+        sweep << format("| %d | %.0f | %.1f | %.1f %% |\n", permits, s.goodput, s.admitted_p99_ms,
+                        100.0 * s.share(s.rejected_full + s.rejected_wait));
+        progress(format("sweep B = %d: goodput %.0f/s, p99 %.1f ms", permits, s.goodput, s.admitted_p99_ms));
+        if (s.goodput > best_goodput * 1.02) {  // a larger B must do better than the noise
+            best_goodput = s.goodput;
+            best = permits;
+        }
+    }
+
+    // 3. The arms, off / on / off.
+    struct arm_plan {
+        std::string name;
+        int permits;
+        bool adaptive;
+    };
+    const std::vector<arm_plan> arms = {{"fixed best B = " + std::to_string(best), best, false},
+                                        {"fixed B = " + std::to_string(too_high), too_high, false},
+                                        {"adaptive (1..64)", too_high, true}};
+    const std::int64_t phase_ns = std::chrono::nanoseconds(config.phase).count();
+    std::vector<phase_row> rows;
+    std::ofstream csv(config.prefix + "-neighbour.csv");
+    csv << "loop,arm,t_s,goodput,admitted_p99_ms,rejected_rate,limit\n";
+    std::uint64_t seed = 11;
+    for (const char* loop : {"open", "closed"}) {
+        for (const arm_plan& plan_of_arm : arms) {
+            neighbour_arm target(config, plan_of_arm.name, plan_of_arm.permits, plan_of_arm.adaptive);
+            progress(std::string(loop) + " loop, arm " + plan_of_arm.name);
+            limit_sampler sampler(target);
+            std::optional<neighbour> noisy;
+            std::thread starter([&] {
+                std::this_thread::sleep_for(config.phase);  // the quiet phase, then the neighbour's
+                noisy.emplace(config, script, config.phase);
+            });
+            const std::chrono::nanoseconds window = 3 * config.phase;
+            open_loop_plan plan{
+                .arrivals_ns = poisson_arrivals({{window, rate}}, seed++), .window = window, .alternate_api = false};
+            const run_records records = std::string(loop) == "open"
+                                            ? run_open_loop(target, plan)
+                                            : run_closed_loop(target, closed_callers, window, seed);
+            starter.join();
+            noisy.reset();
+            const auto& samples = sampler.stop();
+            const char* names[] = {"quiet", "neighbour", "quiet again"};
+            for (int i = 0; i < 3; ++i) {
+                const std::int64_t from = i * phase_ns;
+                const std::int64_t to = from + phase_ns;
+                phase_row row{
+                    .loop = loop,
+                    .arm = plan_of_arm.name,
+                    .phase = names[i],
+                    .summary = summarize(records.calls, call_deadline, static_cast<double>(phase_ns) / 1e9, from, to)};
+                std::vector<int> limits;
+                for (const auto& [t, value] : samples) {
+                    if (t >= from && t < to) {
+                        limits.push_back(value);
+                    }
+                }
+                if (!limits.empty()) {
+                    std::vector<int> sorted = limits;
+                    std::sort(sorted.begin(), sorted.end());
+                    const double median = sorted[sorted.size() / 2];
+                    row.limit_median = median;
+                    row.overshoot = static_cast<double>(sorted.back()) / std::max(median, 1.0);
+                    // Settled: 20 samples (2 s) in a row within [0.8, 1.25] x median.
+                    int run_length = 0;
+                    row.settle_s = static_cast<double>(phase_ns) / 1e9;
+                    for (std::size_t k = 0; k < limits.size(); ++k) {
+                        const double value = limits[k];
+                        run_length = (value >= 0.8 * median && value <= 1.25 * median) ? run_length + 1 : 0;
+                        if (run_length == 20) {
+                            row.settle_s = static_cast<double>(k + 1 - 20) / 10.0;
+                            break;
+                        }
+                    }
+                }
+                rows.push_back(row);
+            }
+            const std::int64_t bucket = 500'000'000;
+            for (std::int64_t from = 0; from < 3 * phase_ns; from += bucket) {
+                const run_summary s = summarize(records.calls, call_deadline, 0.5, from, from + bucket);
+                csv << format("%s,%s,%.2f,%.1f,%.3f,%.1f,%d\n", loop, plan_of_arm.name.c_str(),
+                              static_cast<double>(from + bucket / 2) / 1e9, s.goodput, s.admitted_p99_ms,
+                              static_cast<double>(s.rejected_full + s.rejected_wait) / 0.5,
+                              limit_at(samples, from + bucket / 2));
+            }
+        }
+    }
+
+    std::ostringstream report;
+    report << "# Noisy neighbour\n\nOffered: " << format("%.0f", rate)
+           << " calls/s (70 % of the quiet capacity at B = 4, " << format("%.0f", capacity)
+           << " calls/s); deadline 250 ms; phases of " << config.phase.count()
+           << " s.\n\n## The sweep (neighbour on, 10 s each)\n\n"
+           << sweep.str() << "\nBest B: " << best << "\n\n## The arms\n\n"
+           << "| loop | arm | phase | goodput (calls/s) | p99 of admitted (ms) | rejected | limit (median) | "
+              "settled after (s) | overshoot |\n|---|---|---|---|---|---|---|---|---|\n";
+    for (const phase_row& row : rows) {
+        report << format("| %s | %s | %s | %.0f | %.1f | %.1f %% | %.0f | %.1f | %.2f |\n", row.loop.c_str(),
+                         row.arm.c_str(), row.phase.c_str(), row.summary.goodput, row.summary.admitted_p99_ms,
+                         100.0 * row.summary.share(row.summary.rejected_full + row.summary.rejected_wait),
+                         row.limit_median, row.settle_s, row.overshoot);
+    }
+    std::ofstream(config.prefix + "-neighbour.md") << report.str();
+    std::fputs(report.str().c_str(), stdout);
+    return 0;
+}
+
+}  // namespace
+}  // namespace bulkhead_bench
+
+int main(int argc, char** argv) {
+    bulkhead_bench::settings config;
+    if (const char* from_environment = std::getenv("BULKHEAD_TEST_DATABASE")) {  // NOLINT(concurrency-mt-unsafe)
+        config.conninfo = from_environment;                                      // the password stays out of argv
+    }
+    for (int i = 1; i < argc; ++i) {
+        const std::string argument = argv[i];
+        const auto value = [&]() -> std::string {
+            if (i + 1 >= argc) {
+                std::fprintf(stderr, "bulkhead_neighbour_bench: %s needs a value\n", argument.c_str());
+                std::exit(2);
+            }
+            return argv[++i];
+        };
+        if (argument == "--conninfo") {
+            config.conninfo = value();
+        } else if (argument == "--pgbench") {
+            config.pgbench = value();
+        } else if (argument == "--prefix") {
+            config.prefix = value();
+        } else if (argument == "--phase") {
+            config.phase = std::chrono::seconds(std::stoi(value()));
+        } else if (argument == "--quick") {
+            config.phase = std::chrono::seconds(15);
+        } else {
+            std::fprintf(stderr,
+                         "usage: bulkhead_neighbour_bench --conninfo CONNINFO --pgbench PATH --prefix PATH "
+                         "[--phase SECONDS] [--quick]\n");
+            return 2;
+        }
+    }
+    if (config.conninfo.empty() || config.pgbench.empty() || config.prefix.empty()) {
+        std::fprintf(stderr,
+                     "bulkhead_neighbour_bench: --pgbench, --prefix and a connection string (--conninfo or "
+                     "BULKHEAD_TEST_DATABASE) are required\n");
+        return 2;
+    }
+    try {
+        return bulkhead_bench::run(config);
+    } catch (const std::exception& failure) {
+        std::fprintf(stderr, "bulkhead_neighbour_bench: %s\n", failure.what());
+        return 1;
+    }
+}
