@@ -251,7 +251,15 @@ TEST_CASE("[G7] shrinking takes free permits at once and the rest as a debt that
     CHECK(permits.balance() == 0);
     CHECK(permits.waiting() == 2);  // nobody was served
     permits.release();              // the third goes to the oldest waiter
-    REQUIRE(bulkhead_test::eventually([&] { return permits.waiting() == 1; }));
+    // Which waiter it went to shows once that waiter has recorded it (the
+    // order in which woken threads run is the scheduler's, not the
+    // semaphore's: wait for the record before granting the next).
+    const auto recorded = [&] {
+        const std::lock_guard lock(granted_mutex);
+        return granted.size();
+    };
+    REQUIRE(bulkhead_test::eventually([&] { return recorded() == 1; }));
+    CHECK(permits.waiting() == 1);
     permits.release(2);  // growing back: the second waiter, and one free
     for (std::thread& waiter : waiters) {
         waiter.join();
