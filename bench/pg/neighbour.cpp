@@ -42,6 +42,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -118,7 +119,7 @@ std::string prepare_neighbour(const std::string& conninfo, const std::string& pr
         tx.commit();
     }
     pqxx::nontransaction(connection).exec("VACUUM ANALYZE bench_neighbour");
-    const std::string script = prefix + "-neighbour.sql";
+    std::string script = prefix + "-neighbour.sql";
     std::ofstream(script) << "SELECT count(*) FROM bench_neighbour WHERE pad LIKE '%abc%';\n";
     return script;
 }
@@ -129,11 +130,16 @@ public:
     /// The password goes to pgbench through PGPASSWORD (set once by
     /// run()), not on its command line, where ps would show it.
     neighbour(const settings& config, const std::string& script, std::chrono::seconds length) {
-        const std::string command = config.pgbench + " -n -q -c 4 -j 2 -T " + std::to_string(length.count()) + " -f " +
-                                    script + " '" + with_field(config.conninfo, "password", "") + "' >/dev/null 2>&1";
-        m_thread = std::thread([command] {
-            if (std::system(command.c_str()) != 0) {  // NOLINT(cert-env33-c): the benchmark's own child
-                std::fprintf(stderr, "neighbour: pgbench failed\n");
+        const std::string log = config.prefix + "-pgbench.log";
+        const std::string command = config.pgbench + " -n -c 4 -j 2 -T " + std::to_string(length.count()) + " -f " +
+                                    script + " '" + with_field(config.conninfo, "password", "") + "' >>" + log +
+                                    " 2>&1";
+        m_thread = std::thread([command, log] {
+            // NOLINTNEXTLINE(cert-env33-c,concurrency-mt-unsafe): the benchmark's own child, a fixed command
+            if (std::system(command.c_str()) != 0) {
+                // Figures without the neighbour would be wrong, not just missing.
+                std::fprintf(stderr, "bulkhead_neighbour_bench: pgbench failed (see %s); no results\n", log.c_str());
+                std::_Exit(1);
             }
         });
     }
@@ -206,7 +212,8 @@ int run(const settings& config) {
     tighten_timer_slack();
     const conninfo_fields fields = parse_conninfo(config.conninfo);
     if (const auto password = fields.find("password"); password != fields.end()) {
-        (void)::setenv("PGPASSWORD", password->second.c_str(), 1);  // for pgbench, before any thread starts
+        // NOLINTNEXTLINE(concurrency-mt-unsafe): for pgbench, before any thread starts
+        (void)::setenv("PGPASSWORD", password->second.c_str(), 1);
     }
     prepare_database(config.conninfo);
     const std::string script = prepare_neighbour(config.conninfo, config.prefix);
@@ -314,8 +321,8 @@ int run(const settings& config) {
             for (std::int64_t from = 0; from < 3 * phase_ns; from += bucket) {
                 const run_summary s = summarize(records.calls, call_deadline, 0.5, from, from + bucket);
                 csv << format("%s,%s,%.2f,%.1f,%.3f,%.1f,%d\n", loop, plan_of_arm.name.c_str(),
-                              static_cast<double>(from + bucket / 2) / 1e9, s.goodput, s.admitted_p99_ms,
-                              static_cast<double>(s.rejected_full + s.rejected_wait) / 0.5,
+                              (static_cast<double>(from) + static_cast<double>(bucket) / 2.0) / 1e9, s.goodput,
+                              s.admitted_p99_ms, static_cast<double>(s.rejected_full + s.rejected_wait) / 0.5,
                               limit_at(samples, from + bucket / 2));
             }
         }
@@ -348,31 +355,47 @@ int main(int argc, char** argv) {
     if (const char* from_environment = std::getenv("BULKHEAD_TEST_DATABASE")) {  // NOLINT(concurrency-mt-unsafe)
         config.conninfo = from_environment;                                      // the password stays out of argv
     }
-    for (int i = 1; i < argc; ++i) {
-        const std::string argument = argv[i];
-        const auto value = [&]() -> std::string {
-            if (i + 1 >= argc) {
-                std::fprintf(stderr, "bulkhead_neighbour_bench: %s needs a value\n", argument.c_str());
-                std::exit(2);
+    try {
+        for (int i = 1; i < argc; ++i) {
+            const std::string argument = argv[i];
+            const auto value = [&]() -> std::string {
+                if (i + 1 >= argc) {
+                    throw std::invalid_argument(argument + " needs a value");
+                }
+                return argv[++i];
+            };
+            if (argument == "--conninfo") {
+                config.conninfo = value();
+            } else if (argument == "--pgbench") {
+                config.pgbench = value();
+            } else if (argument == "--prefix") {
+                config.prefix = value();
+            } else if (argument == "--phase") {
+                const std::string seconds = value();
+                std::size_t used = 0;
+                int parsed = 0;
+                try {
+                    parsed = std::stoi(seconds, &used);
+                } catch (const std::exception&) {
+                    used = 0;
+                }
+                if (used != seconds.size() || parsed < 1) {
+                    throw std::invalid_argument("--phase wants a whole number of seconds, at least 1, not '" + seconds +
+                                                "'");
+                }
+                config.phase = std::chrono::seconds(parsed);
+            } else if (argument == "--quick") {
+                config.phase = std::chrono::seconds(15);
+            } else {
+                std::fprintf(stderr,
+                             "usage: bulkhead_neighbour_bench --conninfo CONNINFO --pgbench PATH --prefix PATH "
+                             "[--phase SECONDS] [--quick]\n");
+                return 2;
             }
-            return argv[++i];
-        };
-        if (argument == "--conninfo") {
-            config.conninfo = value();
-        } else if (argument == "--pgbench") {
-            config.pgbench = value();
-        } else if (argument == "--prefix") {
-            config.prefix = value();
-        } else if (argument == "--phase") {
-            config.phase = std::chrono::seconds(std::stoi(value()));
-        } else if (argument == "--quick") {
-            config.phase = std::chrono::seconds(15);
-        } else {
-            std::fprintf(stderr,
-                         "usage: bulkhead_neighbour_bench --conninfo CONNINFO --pgbench PATH --prefix PATH "
-                         "[--phase SECONDS] [--quick]\n");
-            return 2;
         }
+    } catch (const std::exception& bad) {  // a missing value, a --phase that is not a number
+        std::fprintf(stderr, "bulkhead_neighbour_bench: %s\n", bad.what());
+        return 2;
     }
     if (config.conninfo.empty() || config.pgbench.empty() || config.prefix.empty()) {
         std::fprintf(stderr,
