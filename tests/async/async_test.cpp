@@ -735,20 +735,42 @@ TEST_CASE(
             in_flight.fetch_sub(1);
         });
     };
+    // Every exit from here, a failed REQUIRE included, first stops the
+    // callers and waits for their calls: they use the gate and the locals.
+    struct stop_calling {
+        std::atomic<bool>& calling;
+        std::atomic<int>& in_flight;
+        ~stop_calling() {
+            calling.store(false);
+            (void)bulkhead_test::eventually([&] { return in_flight.load() == 0; }, 60s);
+        }
+    } stopper{calling, in_flight};
     for (int i = 0; i < 20; ++i) {
         call();
     }
-    int lowest = ceiling;
-    REQUIRE(bulkhead_test::eventually([&] { return gate.stats().latency_baseline > 0ns; }, 20s));
+    const auto state = [&] {
+        const bulkhead::gate_stats now = gate.stats();
+        return "limit " + std::to_string(now.limit) + ", reason " + std::string(bulkhead::to_string(now.limit_reason)) +
+               ", baseline " + std::to_string(now.latency_baseline.count()) + " ns, changes " +
+               std::to_string(now.limit_changes);
+    };
+    // The slow start takes it to the ceiling; the slowdown brings it down;
+    // the recovery raises it again.
+    REQUIRE(bulkhead_test::eventually([&] { return gate.limit() == ceiling; }, 20s));
     cost_ms.store(8);
-    REQUIRE(bulkhead_test::eventually(
+    int lowest = ceiling;
+    const bool fell = bulkhead_test::eventually(
         [&] {
             lowest = std::min(lowest, gate.limit());
             return lowest < ceiling;
         },
-        20s));
+        20s);
+    INFO("after the slowdown: " << state());
+    REQUIRE(fell);
     cost_ms.store(1);
-    REQUIRE(bulkhead_test::eventually([&] { return gate.limit() == ceiling; }, 20s));
+    const bool rose = bulkhead_test::eventually([&] { return gate.limit() > lowest; }, 20s);
+    INFO("after the recovery: " << state());
+    REQUIRE(rose);
     calling.store(false);
     REQUIRE(bulkhead_test::eventually([&] { return in_flight.load() == 0; }, 20s));
     const bulkhead::gate_stats stats = gate.stats();

@@ -357,10 +357,25 @@ TEST_CASE("[G7] an adaptive gate whose limit falls and rises with waiters queued
             }
         });
     }
-    int lowest = ceiling;
-    int highest_after = 0;
-    REQUIRE(bulkhead_test::eventually([&] { return gate.stats().latency_baseline > 0ns; }, 20s));
+    // Every exit from here, a failed REQUIRE included, first stops and
+    // joins the callers: they use the gate and the locals.
+    struct stop_callers {
+        std::atomic<bool>& running;
+        std::vector<std::thread>& callers;
+        ~stop_callers() {
+            running.store(false);
+            for (std::thread& caller : callers) {
+                if (caller.joinable()) {
+                    caller.join();
+                }
+            }
+        }
+    } stopper{running, callers};
+    // The slow start takes it to the ceiling; the slowdown brings it down;
+    // the recovery raises it again.
+    REQUIRE(bulkhead_test::eventually([&] { return gate.limit() == ceiling; }, 20s));
     slow.store(8);  // eight times slower
+    int lowest = ceiling;
     REQUIRE(bulkhead_test::eventually(
         [&] {
             lowest = std::min(lowest, gate.limit());
@@ -368,12 +383,7 @@ TEST_CASE("[G7] an adaptive gate whose limit falls and rises with waiters queued
         },
         20s));
     slow.store(1);
-    REQUIRE(bulkhead_test::eventually(
-        [&] {
-            highest_after = gate.limit();
-            return highest_after == ceiling;
-        },
-        20s));
+    REQUIRE(bulkhead_test::eventually([&] { return gate.limit() > lowest; }, 20s));
     running.store(false);
     for (std::thread& caller : callers) {
         caller.join();
