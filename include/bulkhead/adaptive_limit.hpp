@@ -58,12 +58,12 @@ namespace bulkhead {
 
 /// Why the adaptive limit last changed.
 enum class limit_reason : std::uint8_t {
-    initial,     ///< not changed since the gate was built: L is the floor
-    saturated,   ///< the server reported a saturation error (SQLSTATE class 53)
-    errors,      ///< timeouts (57014, 55P03) or conflicts (40001, 40P01) above the error rate
-    stalled,     ///< calls inside and none finished for longer than tolerance x the baseline
-    latency,     ///< the mean permit hold rose above tolerance x the baseline
-    recovered,   ///< the mean permit hold is back near the baseline and the limit was reached
+    initial,    ///< not changed since the gate was built: L is the floor
+    saturated,  ///< the server reported a saturation error (SQLSTATE class 53)
+    errors,     ///< timeouts (57014, 55P03) or conflicts (40001, 40P01) above the error rate
+    stalled,    ///< calls inside and none finished for longer than tolerance x the baseline
+    latency,    ///< the mean permit hold rose above tolerance x the baseline
+    recovered,  ///< the mean permit hold is back near the baseline and the limit was reached
 };
 
 /// The number of limit_reason values.
@@ -393,13 +393,13 @@ private:
     // Read by every call, written once per interval.
     alignas(64) std::atomic<std::int64_t> m_next_ns;  // steady_clock ticks: when the interval ends
     std::mutex m_mutex;
-    limit_controller m_controller;                                 // guarded by m_mutex
-    std::chrono::nanoseconds m_interval;                           // constant
-    std::atomic<int> m_limit;                                      // written under m_mutex
+    limit_controller m_controller;                              // guarded by m_mutex
+    std::chrono::nanoseconds m_interval;                        // constant
+    std::atomic<int> m_limit;                                   // written under m_mutex
     std::atomic<limit_reason> m_reason{limit_reason::initial};  // written under m_mutex
-    std::atomic<std::uint64_t> m_changes{0};                       // written under m_mutex
-    std::atomic<std::int64_t> m_baseline_ns{0};                    // written under m_mutex
-    clock::time_point m_started;                                   // guarded by m_mutex
+    std::atomic<std::uint64_t> m_changes{0};                    // written under m_mutex
+    std::atomic<std::int64_t> m_baseline_ns{0};                 // written under m_mutex
+    clock::time_point m_started;                                // guarded by m_mutex
 };
 
 }  // namespace detail

@@ -45,10 +45,10 @@ struct gate_stats {
     /// it shrank: a shrink does not take permits away from their holders.
     int limit = 0;
     // --- the adaptive limit (adaptive_limit.hpp) ----------------------------
-    bool adaptive = false;                                                     ///< the limit adapts
-    int limit_floor = 0;                                                       ///< its floor (B for a fixed gate)
+    bool adaptive = false;                                                  ///< the limit adapts
+    int limit_floor = 0;                                                    ///< its floor (B for a fixed gate)
     bulkhead::limit_reason limit_reason = bulkhead::limit_reason::initial;  ///< why it last changed
-    std::uint64_t limit_changes = 0;                                           ///< how often it changed
+    std::uint64_t limit_changes = 0;                                        ///< how often it changed
     /// What a call costs when the database is not congested, as the
     /// adaptive limit tracks it; zero until known (and for a fixed gate).
     std::chrono::nanoseconds latency_baseline{0};
