@@ -336,8 +336,10 @@ public:
     }
 
     /// Runs the controller if the interval has ended and nobody else is
-    /// running it, and resizes `permits` to its decision.
-    void maybe_update(clock::time_point now, fifo_semaphore& permits) noexcept {
+    /// running it, and resizes `permits` to its decision: a fifo_semaphore,
+    /// or anything with its balance(), release(n) and shrink(n).
+    template <class Permits>
+    void maybe_update(clock::time_point now, Permits& permits) noexcept {
         if (ticks(now) < m_next_ns.load(std::memory_order_relaxed)) {
             return;
         }

@@ -142,11 +142,25 @@ struct async_access {
     }
     template <class Gate>
     static auto take_slot(Gate& gate, const typename Gate::options& call) {
-        return gate.take_slot(call);
+        return gate.take_any_slot(call);
     }
+    /// A permit now, for a call of `limit`'s class, if one is free to take.
     template <class Gate>
-    static fifo_semaphore& permits(Gate& gate) noexcept {
-        return gate.m_core.m_running;
+    static bool try_acquire(Gate& gate, const limit_t<Gate>& limit) noexcept {
+        return limit.workload >= 0 ? gate.m_core.m_classes->try_acquire(limit.workload)
+                                   : gate.m_core.m_running.try_acquire();
+    }
+    /// A permit now, or `node` queued for one (with its class's waiters).
+    template <class Gate>
+    static bool acquire_or_enqueue(Gate& gate, const limit_t<Gate>& limit, fifo_semaphore::async_node& node) noexcept {
+        return limit.workload >= 0 ? gate.m_core.m_classes->acquire_or_enqueue(limit.workload, node)
+                                   : gate.m_core.m_running.acquire_or_enqueue(node);
+    }
+    /// Takes a queued `node` out, unless a grant has reached it.
+    template <class Gate>
+    static bool cancel(Gate& gate, const limit_t<Gate>& limit, fifo_semaphore::async_node& node) noexcept {
+        return limit.workload >= 0 ? gate.m_core.m_classes->cancel(limit.workload, node)
+                                   : gate.m_core.m_running.cancel(node);
     }
     template <class Gate>
     static work_threads& workers(Gate& gate) noexcept {
@@ -157,8 +171,8 @@ struct async_access {
         gate.m_core.no_permit_free();
     }
     template <class Gate>
-    static void release_slot(Gate& gate) noexcept {
-        gate.m_core.m_slots.release();
+    static void release_slot(Gate& gate, const limit_t<Gate>& limit) noexcept {
+        gate.release_slot(limit);
     }
     template <class Gate>
     static reject_reason refuse_after_slot(Gate& gate, wait_status waited, const limit_t<Gate>& limit) noexcept {
@@ -174,8 +188,8 @@ struct async_access {
         return gate.refuse_unreachable_deadline(limit);
     }
     template <class Gate>
-    static void record_permit_wait(Gate& gate, const times_t<Gate>& times) noexcept {
-        gate.m_metrics.permit_wait.record(times.permitted - times.admitted);
+    static void record_permit_wait(Gate& gate, const times_t<Gate>& times, const limit_t<Gate>& limit) noexcept {
+        gate.record_permit_wait(limit, times.permitted - times.admitted);
     }
     template <class Gate, class Work>
     static decltype(auto) run_adopted(Gate& gate, const typename Gate::options& call, Work& work,
@@ -239,7 +253,7 @@ public:
         try {
             self = create(gate, call, std::move(work), failure, std::move(handler), times, *limit);
         } catch (...) {
-            async_access::release_slot(gate);  // nothing else was taken
+            async_access::release_slot(gate, *limit);  // nothing else was taken
             throw;
         }
         self->enter_queue();
@@ -364,8 +378,7 @@ private:
     /// \note noexcept: a failure to allocate the timer's wait here (after
     /// the slot was taken and the handler moved in) terminates.
     void enter_queue() noexcept {
-        fifo_semaphore& permits = async_access::permits(m_gate);
-        if (permits.try_acquire()) {
+        if (async_access::try_acquire(m_gate, m_limit)) {
             schedule_work();
             return;
         }
@@ -397,7 +410,7 @@ private:
             }
         }
         m_leave_on_stop.emplace(m_stop.get_token(), leave_on_stop{this});
-        if (permits.acquire_or_enqueue(*this)) {
+        if (async_access::acquire_or_enqueue(m_gate, m_limit, *this)) {
             m_times.permitted = Gate::clock::now();
             schedule_work();
         } else if (m_stop.stop_requested()) {
@@ -451,7 +464,7 @@ private:
     /// A timeout or a stop while queued: if the node is still queued, the
     /// call ends here without a permit; otherwise a grant is on its way.
     void leave_queue(wait_status why) noexcept {
-        if (async_access::permits(m_gate).cancel(*this)) {
+        if (async_access::cancel(m_gate, m_limit, *this)) {
             finish_waiting(why);
         }
     }
@@ -461,7 +474,7 @@ private:
     void finish_waiting(wait_status why) noexcept {
         cancel_timer();
         m_times.permitted = Gate::clock::now();
-        async_access::record_permit_wait(m_gate, m_times);
+        async_access::record_permit_wait(m_gate, m_times, m_limit);
         m_code = make_error_code(async_access::refuse_after_slot(m_gate, why, m_limit));
         post_completion();
     }
@@ -498,7 +511,7 @@ private:
         // timer go now.
         m_leave_on_stop.reset();
         cancel_timer();
-        async_access::record_permit_wait(m_gate, m_times);
+        async_access::record_permit_wait(m_gate, m_times, m_limit);
         bool started = false;
         try {
             if constexpr (std::is_void_v<value_type>) {

@@ -32,6 +32,8 @@
 #include <bulkhead/fifo_semaphore.hpp>
 #include <bulkhead/gate_stats.hpp>
 #include <bulkhead/result.hpp>
+#include <bulkhead/workload.hpp>
+#include <bulkhead/workload_scheduler.hpp>
 
 #include <algorithm>
 #include <cassert>
@@ -341,10 +343,12 @@ struct admission_times {
     std::chrono::steady_clock::time_point permitted{};
 };
 
-/// How long a call that has its admission slot may wait for a permit.
+/// How long a call that has its admission slot may wait for a permit, and
+/// for which class (a gate with workload classes; -1 for a plain gate).
 struct permit_wait_limit {
     std::chrono::nanoseconds wait{0};
     bool deadline_binds = false;  // the deadline, not the queue wait, sets `wait`
+    int workload = -1;
 };
 
 /// The permit logic of a gate, independent of the pool type.
@@ -361,13 +365,34 @@ public:
         }
     }
 
+    /// A gate with workload classes: `plan` checked against B (G10); the
+    /// classes' admission slots (ceiling + queue each) replace B + Q.
+    gate_core(int concurrent, const workload_plan& plan, const adaptive_options* adaptive)
+        : gate_core(concurrent, 0, adaptive) {
+        const workload_plan checked = checked_workload_plan(plan, concurrent);
+        const int reserved = reserved_permits(checked);
+        if (m_adaptive && m_adaptive->floor() < reserved) {
+            throw std::invalid_argument("bulkhead::db_bulkhead: the adaptive floor " +
+                                        std::to_string(m_adaptive->floor()) +
+                                        " is below the classes' reserved permits, " + std::to_string(reserved) +
+                                        ": a limit that low could not honour the reservations");
+        }
+        m_classes = std::make_unique<workload_scheduler>(checked, limit());
+    }
+
     gate_core(const gate_core&) = delete;
     gate_core& operator=(const gate_core&) = delete;
 
-    /// Releases one execution permit, then one admission slot.
-    void leave() noexcept {
-        m_running.release();
-        m_slots.release();
+    /// Releases one execution permit, then one admission slot (of class
+    /// `workload` in a gate with classes).
+    void leave(int workload) noexcept {
+        if (workload < 0) {
+            m_running.release();
+            m_slots.release();
+        } else {
+            m_classes->release(workload);
+            m_classes->release_slot(workload);
+        }
     }
 
     /// The permits in circulation: B, or the adaptive limit.
@@ -378,7 +403,7 @@ public:
     void no_permit_free() noexcept {
         if (m_adaptive) {
             m_adaptive->limited();
-            m_adaptive->maybe_update(std::chrono::steady_clock::now(), m_running);
+            update_limit(std::chrono::steady_clock::now());
         }
     }
 
@@ -386,7 +411,7 @@ public:
     void finishing(std::chrono::steady_clock::time_point now, std::chrono::nanoseconds held) noexcept {
         if (m_adaptive) {
             m_adaptive->finished(held);
-            m_adaptive->maybe_update(now, m_running);
+            update_limit(now);
         }
     }
 
@@ -404,8 +429,28 @@ public:
     work_threads m_workers{m_concurrent};       // B threads for asynchronous callers' work, started on first use
     remote_releases m_remote;                   // permits released on another thread than the entering one
     std::unique_ptr<adaptive_gate> m_adaptive;  // null: a fixed limit of B
+    std::unique_ptr<workload_scheduler> m_classes;  // null: a plain gate (m_slots and m_running serve)
 
 private:
+    /// The shared permits of a gate with classes, as adaptive_gate resizes
+    /// them.
+    struct class_permits {
+        workload_scheduler& scheduler;
+        int limit;
+        [[nodiscard]] std::int64_t balance() const noexcept { return limit - scheduler.total().running; }
+        void release(std::int64_t count) const noexcept { scheduler.grow(count); }
+        void shrink(std::int64_t count) const noexcept { scheduler.shrink(count); }
+    };
+
+    void update_limit(std::chrono::steady_clock::time_point now) noexcept {
+        if (m_classes) {
+            class_permits permits{*m_classes, m_adaptive->limit()};
+            m_adaptive->maybe_update(now, permits);
+        } else {
+            m_adaptive->maybe_update(now, m_running);
+        }
+    }
+
     static int checked_concurrent(int concurrent, int extra_slots) {
         if (concurrent < 1) {
             throw std::invalid_argument("bulkhead::db_bulkhead: concurrent (B) must be at least 1");
@@ -437,7 +482,8 @@ public:
     permit(permit&& other) noexcept
         : m_core(std::exchange(other.m_core, nullptr)),
           m_record(std::exchange(other.m_record, nullptr)),
-          m_serial(std::exchange(other.m_serial, 0)) {}
+          m_serial(std::exchange(other.m_serial, 0)),
+          m_workload(other.m_workload) {}
 
     /// Gives back what this permit held, then takes over `other`'s.
     permit& operator=(permit&& other) noexcept {
@@ -446,6 +492,7 @@ public:
             m_core = std::exchange(other.m_core, nullptr);
             m_record = std::exchange(other.m_record, nullptr);
             m_serial = std::exchange(other.m_serial, 0);
+            m_workload = other.m_workload;
         }
         return *this;
     }
@@ -465,7 +512,7 @@ public:
                     core->m_remote.note(record, m_serial);  // entered on another thread
                 }
             }
-            core->leave();
+            core->leave(m_workload);
         }
     }
 
@@ -476,13 +523,14 @@ private:
     template <class Pool, class Observer>
     friend class db_bulkhead;
 
-    permit(detail::gate_core& core, detail::held_gates* record, std::uint64_t serial) noexcept
-        : m_core(&core), m_record(serial != 0 ? record : nullptr), m_serial(serial) {}
+    permit(detail::gate_core& core, detail::held_gates* record, std::uint64_t serial, int workload) noexcept
+        : m_core(&core), m_record(serial != 0 ? record : nullptr), m_serial(serial), m_workload(workload) {}
 
     detail::gate_core* m_core = nullptr;
     detail::held_gates* m_record = nullptr;  // the entering thread's record, when tracked there; only compared
                                              // unless it is the releasing thread's own
     std::uint64_t m_serial = 0;              // the entry in that record
+    int m_workload = -1;                     // its class, in a gate with classes
 };
 
 static_assert(std::is_nothrow_move_constructible_v<permit> && !std::is_copy_constructible_v<permit>);
@@ -538,6 +586,11 @@ public:
         /// once with deadline_exceeded instead of waiting to fail. False
         /// waits up to the deadline whatever the estimate says.
         bool reject_unreachable_deadline = true;
+        /// The call's class, from workload(name), in a gate with workload
+        /// classes; the default is the first class (the only one of a
+        /// plain gate). An id that is not one of this gate's classes is
+        /// misuse (std::logic_error).
+        workload_id workload{};
     };
 
     /// Creates a gate with `concurrent` (B) execution permits and
@@ -563,8 +616,66 @@ public:
     db_bulkhead(Pool& pool, int concurrent, int extra_slots, const adaptive_options& adaptive, Observer observer)
         : m_pool(&pool), m_core(concurrent, extra_slots, &adaptive), m_observer(std::move(observer)) {}
 
+    /// A gate of `concurrent` (B) permits shared by the classes of `plan`
+    /// (workload.hpp): reserved permits, ceilings, queues and priorities.
+    /// Each class's admission slots (ceiling + queue) replace Q.
+    /// \throws std::invalid_argument naming what is wrong in the plan:
+    ///         reservations that do not fit inside B show the sum (G10).
+    db_bulkhead(Pool& pool, int concurrent, const workload_plan& plan)
+        : m_pool(&pool), m_core(concurrent, plan, nullptr) {}
+
+    /// As above, with an observer.
+    db_bulkhead(Pool& pool, int concurrent, const workload_plan& plan, Observer observer)
+        : m_pool(&pool), m_core(concurrent, plan, nullptr), m_observer(std::move(observer)) {}
+
+    /// As above, with a limit that adapts between `adaptive.floor` (at least
+    /// the reserved sum: reservations are never shrunk) and B; the classes
+    /// share what the limit leaves beyond their reservations.
+    db_bulkhead(Pool& pool, int concurrent, const workload_plan& plan, const adaptive_options& adaptive)
+        : m_pool(&pool), m_core(concurrent, plan, &adaptive) {}
+
+    /// As above, with an observer.
+    db_bulkhead(Pool& pool, int concurrent, const workload_plan& plan, const adaptive_options& adaptive,
+                Observer observer)
+        : m_pool(&pool), m_core(concurrent, plan, &adaptive), m_observer(std::move(observer)) {}
+
     db_bulkhead(const db_bulkhead&) = delete;
     db_bulkhead& operator=(const db_bulkhead&) = delete;
+
+    /// The class named `name`, for options::workload.
+    /// \throws std::invalid_argument when the gate has no such class (a
+    ///         plain gate has one, named "default").
+    [[nodiscard]] workload_id workload(std::string_view name) const {
+        const int found = m_core.m_classes ? m_core.m_classes->find(name) : (name == "default" ? 0 : -1);
+        if (found < 0) {
+            std::string message = "bulkhead::db_bulkhead: no workload class named \"";
+            message.append(name.substr(0, 40));
+            message += "\"; this gate has:";
+            for (const std::string& known : workload_names()) {
+                message += ' ';
+                message += known;
+            }
+            throw std::invalid_argument(message);
+        }
+        return workload_id{found};
+    }
+
+    /// The names of the gate's classes, in id order ("default" for a
+    /// plain gate).
+    [[nodiscard]] std::vector<std::string> workload_names() const {
+        std::vector<std::string> names;
+        if (!m_core.m_classes) {
+            names.emplace_back("default");
+            return names;
+        }
+        for (int c = 0; c < m_core.m_classes->classes(); ++c) {
+            names.push_back(m_core.m_classes->config(c).name);
+        }
+        return names;
+    }
+
+    /// True when the gate serves workload classes.
+    [[nodiscard]] bool has_workloads() const noexcept { return m_core.m_classes != nullptr; }
 
     /// Runs `work` inside one transaction on one pooled connection and returns
     /// its value after commit and after the connection went back to the pool.
@@ -661,13 +772,42 @@ public:
 
     /// Free execution permits (of B). An observation, never needed to decide
     /// admission: it is stale as soon as it returns.
-    [[nodiscard]] int available() const noexcept { return static_cast<int>(m_core.m_running.available()); }
+    [[nodiscard]] int available() const noexcept {
+        if (const detail::workload_scheduler* classes = m_core.m_classes.get()) {
+            return std::max(limit() - classes->total().running, 0);
+        }
+        return static_cast<int>(m_core.m_running.available());
+    }
 
-    /// Free admission slots (of B + Q). An observation, like available().
-    [[nodiscard]] int available_slots() const noexcept { return static_cast<int>(m_core.m_slots.available()); }
+    /// Free admission slots (of B + Q; with classes, the sum of each
+    /// class's ceiling + queue). An observation, like available().
+    [[nodiscard]] int available_slots() const noexcept {
+        if (const detail::workload_scheduler* classes = m_core.m_classes.get()) {
+            int free = 0;
+            for (int c = 0; c < classes->classes(); ++c) {
+                free += classes->free_slots(c);
+            }
+            return free;
+        }
+        return static_cast<int>(m_core.m_slots.available());
+    }
 
     /// Callers queued for an execution permit right now.
-    [[nodiscard]] int waiting() const noexcept { return static_cast<int>(m_core.m_running.waiting()); }
+    [[nodiscard]] int waiting() const noexcept {
+        if (const detail::workload_scheduler* classes = m_core.m_classes.get()) {
+            return classes->total().queued;
+        }
+        return static_cast<int>(m_core.m_running.waiting());
+    }
+
+    /// Calls holding an execution permit right now (an observation). It may
+    /// exceed limit() for a while after an adaptive limit shrank.
+    [[nodiscard]] int running() const noexcept {
+        if (const detail::workload_scheduler* classes = m_core.m_classes.get()) {
+            return classes->total().running;
+        }
+        return std::max(limit() - static_cast<int>(m_core.m_running.balance()), 0);
+    }
 
     /// How long a call arriving now would wait for its execution permit, by
     /// the gate's own figures: zero when a permit is free or nothing is
@@ -675,7 +815,25 @@ public:
     /// (waiting() + 1) x mean permit hold / B. A mean, not a bound: it
     /// assumes the calls ahead hold their permits as long as recent ones did.
     [[nodiscard]] std::chrono::nanoseconds expected_queue_wait() const noexcept {
-        return available() > 0 ? std::chrono::nanoseconds(0) : queue_wait_estimate();
+        return available() > 0 ? std::chrono::nanoseconds(0) : queue_wait_estimate(-1);
+    }
+
+    /// The same for a call of class `workload`: zero when it could take a
+    /// permit now; otherwise (its class's waiters + 1) x the class's mean
+    /// permit hold / the permits the class can use (its ceiling, or its
+    /// reservation plus the shared permits if fewer). The gate's figures
+    /// stand in for a class that has finished nothing yet.
+    /// \throws std::logic_error when `workload` is not one of its classes.
+    [[nodiscard]] std::chrono::nanoseconds expected_queue_wait(workload_id workload) const {
+        const int w = checked_workload(workload);
+        if (w < 0) {
+            return expected_queue_wait();
+        }
+        const detail::workload_scheduler& classes = *m_core.m_classes;
+        if (classes.of(w).queued == 0 && classes.free_for(w) > 0) {
+            return std::chrono::nanoseconds(0);
+        }
+        return queue_wait_estimate(w);
     }
 
     /// A delay after which a call turned away now may be admitted: the work
@@ -685,13 +843,14 @@ public:
     /// yet (no transaction has finished). Every rejection thrown by
     /// transaction() carries it (rejected::retry_after()); asynchronous
     /// callers and try_transaction() callers read it here.
-    [[nodiscard]] std::chrono::milliseconds suggested_retry_delay() const noexcept {
-        const int running = std::max(limit() - static_cast<int>(m_core.m_running.balance()), 0);
-        const std::chrono::nanoseconds delay = spread_over_permits(running + waiting() + 1);
-        if (delay.count() == 0) {
-            return std::chrono::milliseconds(0);
-        }
-        return std::max(std::chrono::ceil<std::chrono::milliseconds>(delay), std::chrono::milliseconds(1));
+    [[nodiscard]] std::chrono::milliseconds suggested_retry_delay() const noexcept { return retry_delay(-1); }
+
+    /// The same for a call of class `workload`: its class's running and
+    /// waiting calls and one more, x the class's mean permit hold, over the
+    /// permits the class can use. Rejections of its calls carry this.
+    /// \throws std::logic_error when `workload` is not one of its classes.
+    [[nodiscard]] std::chrono::milliseconds suggested_retry_delay(workload_id workload) const {
+        return retry_delay(checked_workload(workload));
     }
 
     /// B, as constructed: the most execution permits, and the ceiling of
@@ -717,14 +876,14 @@ public:
     /// A copy of the gate's counters, gauges and latency distributions
     /// (see gate_stats.hpp). Costs a few kilobytes of copying; never blocks
     /// callers.
-    [[nodiscard]] gate_stats stats() const noexcept {
+    [[nodiscard]] gate_stats stats() const {
         gate_stats stats;
         stats.concurrent = concurrent();
         stats.extra_slots = extra_slots();
         stats.available = available();
         stats.available_slots = available_slots();
         stats.limit = limit();
-        stats.running = std::max(stats.limit - static_cast<int>(m_core.m_running.balance()), 0);
+        stats.running = running();
         stats.queued = waiting();
         if (const detail::adaptive_gate* adapting = m_core.m_adaptive.get()) {
             stats.adaptive = true;
@@ -738,6 +897,12 @@ public:
         m_metrics.copy_to(stats);
         stats.expected_queue_wait = expected_queue_wait();
         stats.suggested_retry_delay = suggested_retry_delay();
+        if (const detail::workload_scheduler* classes = m_core.m_classes.get()) {
+            for (int c = 0; c < classes->classes(); ++c) {
+                workload_stats& one = stats.workloads.emplace_back(classes->stats(c));
+                one.expected_queue_wait = expected_queue_wait(workload_id{c});
+            }
+        }
         return stats;
     }
 
@@ -763,22 +928,47 @@ private:
         }
     }
 
-    /// Counts a rejection and tells the observer.
-    void count_rejection(reject_reason reason) noexcept {
+    /// Counts a rejection (for its class too, in a gate with classes) and
+    /// tells the observer.
+    void count_rejection(reject_reason reason, int workload = -1) noexcept {
         m_metrics.rejected(reason);
+        if (workload >= 0) {
+            m_core.m_classes->rejected(workload, reason);
+        }
         detail::notify_rejected(m_observer, reason);
     }
 
     using admission_times = detail::admission_times;
     using permit_wait_limit = detail::permit_wait_limit;
 
+    /// The class index of `workload` in this gate: -1 for a plain gate's
+    /// one class.
+    /// \throws std::logic_error when it is not one of the gate's classes.
+    [[nodiscard]] int checked_workload(workload_id workload) const {
+        const int classes = m_core.m_classes ? m_core.m_classes->classes() : 1;
+        if (workload.index < 0 || workload.index >= classes) {
+            throw std::logic_error("bulkhead::db_bulkhead: workload id " + std::to_string(workload.index) +
+                                   " is not a class of this gate (it has " + std::to_string(classes) +
+                                   "); take ids from gate.workload(name)");
+        }
+        return m_core.m_classes ? workload.index : -1;
+    }
+
     /// Stage 1 and the checks before it: the queue wait, reentrancy, a stop
-    /// or a deadline already there, then one admission slot, tried without
-    /// blocking. Returns how long the permit may be waited for, or why the
-    /// call is refused (counted; no slot is held then).
+    /// or a deadline already there, then one admission slot (of the call's
+    /// class, in a gate with classes: `Classed`), tried without blocking.
+    /// Returns how long the permit may be waited for, or why the call is
+    /// refused (counted; no slot is held then).
+    template <bool Classed>
     result<permit_wait_limit> take_slot(const options& call) {
         if (call.queue_wait < call.queue_wait.zero()) {
             throw std::invalid_argument("bulkhead::db_bulkhead: queue_wait must not be negative");
+        }
+        const int workload = Classed ? checked_workload(call.workload) : -1;
+        if constexpr (!Classed) {
+            if (call.workload.index != 0) {
+                (void)checked_workload(call.workload);  // throws
+            }
         }
         detail::held_gates& held = detail::this_thread_gates;
         while (const std::uint64_t serial = held.holds(&m_core, call.task)) {
@@ -790,15 +980,18 @@ private:
             held.remove(serial);
         }
         if (call.stop.stop_requested()) {
-            return refuse_reason(reject_reason::admission_cancelled);
+            return refuse_reason(reject_reason::admission_cancelled, workload);
+        }
+        permit_wait_limit limit{call.queue_wait, false, workload};
+        if constexpr (Classed) {
+            limit.wait = std::min(limit.wait, m_core.m_classes->config(workload).queue_wait);
         }
         // The deadline is read only when the call carries one: no clock read
         // on the common path.
-        permit_wait_limit limit{call.queue_wait, false};
         if (call.deadline != clock::time_point::max()) {
             const clock::time_point now = clock::now();
             if (call.deadline <= now) {  // compared before subtracting: time_point::min() cannot overflow
-                return refuse_reason(reject_reason::deadline_exceeded);
+                return refuse_reason(reject_reason::deadline_exceeded, workload);
             }
             const auto left = call.deadline - now;
             if (left < limit.wait) {
@@ -806,51 +999,95 @@ private:
                 limit.deadline_binds = true;
             }
         }
-        if (!m_core.m_slots.try_acquire()) {
+        const bool slot = Classed ? m_core.m_classes->try_take_slot(workload) : m_core.m_slots.try_acquire();
+        if (!slot) {
             m_core.no_permit_free();
-            return refuse_reason(reject_reason::admission_full);
+            return refuse_reason(reject_reason::admission_full, workload);
         }
         return limit;
     }
 
+    /// take_slot() for either kind of gate.
+    result<permit_wait_limit> take_any_slot(const options& call) {
+        return m_core.m_classes ? take_slot<true>(call) : take_slot<false>(call);
+    }
+
+    /// Gives back the admission slot that `limit` was taken with.
+    void release_slot(const permit_wait_limit& limit) noexcept {
+        if (limit.workload >= 0) {
+            m_core.m_classes->release_slot(limit.workload);
+        } else {
+            m_core.m_slots.release();
+        }
+    }
+
     /// Counts a rejection; returns its reason (for result<T>).
-    reject_reason refuse_reason(reject_reason reason) noexcept {
-        count_rejection(reason);
+    reject_reason refuse_reason(reject_reason reason, int workload = -1) noexcept {
+        count_rejection(reason, workload);
         return reason;
     }
 
     /// A permit wait that ended without a permit: gives the slot back and
     /// says why, counted.
     reject_reason refuse_after_slot(wait_status waited, const permit_wait_limit& limit) noexcept {
-        m_core.m_slots.release();
+        release_slot(limit);
         if (waited == wait_status::timed_out) {
-            return refuse_reason(limit.deadline_binds ? reject_reason::deadline_exceeded
-                                                      : reject_reason::admission_timeout);
+            return refuse_reason(
+                limit.deadline_binds ? reject_reason::deadline_exceeded : reject_reason::admission_timeout,
+                limit.workload);
         }
-        return refuse_reason(reject_reason::admission_cancelled);
+        return refuse_reason(reject_reason::admission_cancelled, limit.workload);
     }
 
-    /// `calls` permit holds of the running mean spread over the B permits;
-    /// zero before the first transaction finished. Saturates instead of
-    /// overflowing.
-    [[nodiscard]] std::chrono::nanoseconds spread_over_permits(int calls) const noexcept {
-        const double mean = static_cast<double>(m_metrics.mean_permit_hold().count());
-        const double spread = mean * static_cast<double>(calls) / static_cast<double>(limit());
+    /// `calls` permit holds of the running mean (of class `workload`, when
+    /// it has one yet) spread over the permits they can use; zero before
+    /// the first transaction finished. Saturates instead of overflowing.
+    [[nodiscard]] std::chrono::nanoseconds spread_over_permits(int calls, int workload) const noexcept {
+        std::chrono::nanoseconds hold = m_metrics.mean_permit_hold();
+        int permits = limit();
+        if (workload >= 0) {
+            const std::chrono::nanoseconds own = m_core.m_classes->mean_hold(workload);
+            hold = own.count() > 0 ? own : hold;
+            permits = m_core.m_classes->usable_by(workload);
+        }
+        const double spread = static_cast<double>(hold.count()) * static_cast<double>(calls) /
+                              static_cast<double>(std::max(permits, 1));
         constexpr double most = 9.0e18;  // below INT64_MAX, exactly representable
         return std::chrono::nanoseconds(spread < most ? static_cast<std::int64_t>(spread)
                                                       : static_cast<std::int64_t>(most));
     }
 
-    /// The expected permit wait of a call that finds no permit free.
-    [[nodiscard]] std::chrono::nanoseconds queue_wait_estimate() const noexcept {
-        return spread_over_permits(waiting() + 1);
+    /// The expected permit wait of a call (of class `workload`) that finds
+    /// no permit free.
+    [[nodiscard]] std::chrono::nanoseconds queue_wait_estimate(int workload) const noexcept {
+        if (workload >= 0) {
+            return spread_over_permits(m_core.m_classes->of(workload).queued + 1, workload);
+        }
+        return spread_over_permits(waiting() + 1, -1);
+    }
+
+    /// suggested_retry_delay() for class `workload` (-1: the whole gate).
+    [[nodiscard]] std::chrono::milliseconds retry_delay(int workload) const noexcept {
+        int inside = 0;
+        if (workload >= 0) {
+            const detail::workload_scheduler::figures now = m_core.m_classes->of(workload);
+            inside = now.running + now.queued;
+        } else {
+            inside = running() + waiting();
+        }
+        const std::chrono::nanoseconds delay = spread_over_permits(inside + 1, workload);
+        if (delay.count() == 0) {
+            return std::chrono::milliseconds(0);
+        }
+        return std::max(std::chrono::ceil<std::chrono::milliseconds>(delay), std::chrono::milliseconds(1));
     }
 
     /// For a call that found no permit free: true when its deadline, the
     /// bound of its wait, leaves less time than the expected queue wait, so
     /// that it would wait only to fail (and the caller opted in).
     [[nodiscard]] bool deadline_unreachable(const options& call, const permit_wait_limit& limit) const noexcept {
-        return call.reject_unreachable_deadline && limit.deadline_binds && queue_wait_estimate() > limit.wait;
+        return call.reject_unreachable_deadline && limit.deadline_binds &&
+               queue_wait_estimate(limit.workload) > limit.wait;
     }
 
     /// Refuses such a call: the slot goes back, deadline_exceeded, counted
@@ -860,13 +1097,26 @@ private:
         return refuse_after_slot(wait_status::timed_out, limit);
     }
 
+    /// Records a permit wait (for its class too).
+    void record_permit_wait(const permit_wait_limit& limit, std::chrono::nanoseconds waited) noexcept {
+        m_metrics.permit_wait.record(waited);
+        if (limit.workload >= 0) {
+            m_core.m_classes->permit_wait(limit.workload).record(waited);
+        }
+    }
+
     /// Both admission stages. Returns a permit or why there is none. With
     /// `times` (the transaction path) the admission and permit times are read
     /// and the permit wait recorded (zero when there was none). enter()
     /// passes none: its calls are counted but not timed, and it reads the
     /// clock only for a deadline.
     result<permit> admit(const options& call, admission_times* times = nullptr) {
-        result<permit_wait_limit> slot = take_slot(call);
+        return m_core.m_classes ? admit_in<true>(call, times) : admit_in<false>(call, times);
+    }
+
+    template <bool Classed>
+    result<permit> admit_in(const options& call, admission_times* times) {
+        result<permit_wait_limit> slot = take_slot<Classed>(call);
         if (!slot) {
             return slot.error();
         }
@@ -874,37 +1124,52 @@ private:
             // After admission: a rejection reads no clock.
             times->admitted = times->permitted = clock::now();
         }
-        if (m_core.m_running.try_acquire()) {
+        const int workload = slot->workload;
+        if (Classed ? m_core.m_classes->try_acquire(workload) : m_core.m_running.try_acquire()) {
             if (times != nullptr) {
-                m_metrics.permit_wait.record(0U);
+                record_permit_wait(*slot, std::chrono::nanoseconds(0));
             }
         } else {
             m_core.no_permit_free();
             if (deadline_unreachable(call, *slot)) {
                 return refuse_unreachable_deadline(*slot);
             }
-            const wait_status waited = m_core.m_running.try_acquire_for(slot->wait, call.stop);
+            const wait_status waited = Classed ? m_core.m_classes->try_acquire_for(workload, slot->wait, call.stop)
+                                               : m_core.m_running.try_acquire_for(slot->wait, call.stop);
             if (times != nullptr) {
                 times->permitted = clock::now();
-                m_metrics.permit_wait.record(times->permitted - times->admitted);
+                record_permit_wait(*slot, times->permitted - times->admitted);
             }
             if (waited != wait_status::acquired) {
                 return refuse_after_slot(waited, *slot);
             }
         }
+        return admitted(call, workload);
+    }
+
+    /// Counts an admission and makes the permit, recorded as this thread's.
+    permit admitted(const options& call, int workload) noexcept {
         m_metrics.admitted();
+        if (workload >= 0) {
+            m_core.m_classes->admitted(workload);
+        }
         detail::held_gates& held = detail::this_thread_gates;
-        return permit(m_core, &held, held.add(&m_core, call.task));
+        return permit(m_core, &held, held.add(&m_core, call.task), workload);
     }
 
     /// admit(), with a refusal thrown as its rejected exception, carrying
-    /// the suggested retry delay.
+    /// the suggested retry delay (of the call's class).
     permit admit_or_throw(const options& call, admission_times* times = nullptr) {
         result<permit> held = admit(call, times);
         if (!held) {
-            throw_rejection(held.error(), suggested_retry_delay());
+            throw_rejection(held.error(), retry_delay(class_of(call)));
         }
         return std::move(*held);
+    }
+
+    /// The class index of a call already admitted (-1 for a plain gate).
+    [[nodiscard]] int class_of(const options& call) const noexcept {
+        return m_core.m_classes ? call.workload.index : -1;
     }
 
     /// For an asynchronous front end: stages 3 and 4 on this thread for a
@@ -914,9 +1179,7 @@ private:
     /// after everything here has unwound, as for transaction().
     template <class Work>
     work_result_t<Work> run_adopted(const options& call, Work&& work, const admission_times& times, bool* started) {
-        m_metrics.admitted();
-        detail::held_gates& held = detail::this_thread_gates;
-        permit adopted(m_core, &held, held.add(&m_core, call.task));
+        permit adopted = admitted(call, class_of(call));
         return run(adopted, call, std::forward<Work>(work), times, started);
     }
 
@@ -929,21 +1192,21 @@ private:
         // Seen after the permit was granted, but before the pool is touched:
         // still "the work never started".
         if (call.stop.stop_requested()) {
-            throw_refusal(reject_reason::admission_cancelled);
+            throw_refusal(reject_reason::admission_cancelled, call);
         }
         if (call.deadline != clock::time_point::max() && call.deadline <= times.permitted) {
-            throw_refusal(reject_reason::deadline_exceeded);
+            throw_refusal(reject_reason::deadline_exceeded, call);
         }
         // Declared before the lease, so it is destroyed after it: it records
         // how long the connection was held, and the whole call.
-        call_timer timer(m_metrics, m_core, times);
+        call_timer timer(m_metrics, m_core, times, class_of(call));
         typename Pool::lease lease = acquire_lease(call);
         timer.connection_acquired();
         m_metrics.pool_wait.record(timer.leased_at() - times.permitted);
         // A stop during the pool wait (seen here when the pool cannot end
         // that wait itself): nothing has been sent, the lease goes back.
         if (call.stop.stop_requested()) {
-            throw_refusal(reject_reason::admission_cancelled);
+            throw_refusal(reject_reason::admission_cancelled, call);
         }
         if constexpr (pool_takes_deadlines<Pool>) {
             if (call.deadline != clock::time_point::max()) {
@@ -984,7 +1247,7 @@ private:
                 return value;
             }
         } catch (...) {
-            count_failure(began);
+            count_failure(began, class_of(call));
             throw;
         }
     }
@@ -1015,12 +1278,12 @@ private:
 
     /// Inside a catch handler: counts how a call that reached the pool ended.
     /// A rejection before BEGIN (the deadline) is a rejection, not a failure.
-    void count_failure(bool began) noexcept {
+    void count_failure(bool began, int workload) noexcept {
         try {
             throw;
         } catch (const rejected& rejection) {
             if (!began) {
-                count_rejection(rejection.reason());
+                count_rejection(rejection.reason(), workload);
                 return;
             }
             m_metrics.failed();
@@ -1054,8 +1317,13 @@ private:
     /// the call's connection has gone back to the pool.
     class call_timer {
     public:
-        call_timer(detail::gate_metrics& metrics, detail::gate_core& core, const admission_times& times) noexcept
-            : m_metrics(metrics), m_core(core), m_start(times.admitted), m_permitted(times.permitted) {}
+        call_timer(detail::gate_metrics& metrics, detail::gate_core& core, const admission_times& times,
+                   int workload) noexcept
+            : m_metrics(metrics),
+              m_core(core),
+              m_start(times.admitted),
+              m_permitted(times.permitted),
+              m_workload(workload) {}
         call_timer(const call_timer&) = delete;
         call_timer& operator=(const call_timer&) = delete;
         ~call_timer() {
@@ -1065,6 +1333,9 @@ private:
             }
             m_metrics.call.record(now - m_start);
             m_metrics.permit_held(now - m_permitted);
+            if (m_workload >= 0) {
+                m_core.m_classes->held(m_workload, now - m_permitted);
+            }
             m_core.finishing(now, now - m_permitted);
         }
         void connection_acquired() noexcept {
@@ -1079,6 +1350,7 @@ private:
         clock::time_point m_start;
         clock::time_point m_permitted;
         clock::time_point m_leased_at{};
+        int m_workload;  // the call's class, -1 in a plain gate
         bool m_leased = false;
     };
 
@@ -1160,13 +1432,13 @@ private:
             }
         } catch (const pool_timeout&) {
             if (deadline != clock::time_point::max() && clock::now() >= deadline) {
-                throw_refusal(reject_reason::deadline_exceeded);
+                throw_refusal(reject_reason::deadline_exceeded, call);
             }
-            count_rejection(reject_reason::pool_timeout);
+            count_rejection(reject_reason::pool_timeout, class_of(call));
             m_core.overloaded(overload_kind::timeout);
             throw;
         } catch (const rejected& rejection) {
-            count_rejection(rejection.reason());
+            count_rejection(rejection.reason(), class_of(call));
             throw;
         } catch (...) {
             m_metrics.failed();  // the pool failed otherwise: still one counted outcome
@@ -1175,9 +1447,9 @@ private:
         }
     }
 
-    [[noreturn]] void throw_refusal(reject_reason reason) {
-        count_rejection(reason);
-        throw_rejection(reason, suggested_retry_delay());
+    [[noreturn]] void throw_refusal(reject_reason reason, const options& call) {
+        count_rejection(reason, class_of(call));
+        throw_rejection(reason, retry_delay(class_of(call)));
     }
 
     rollback_failure_hook rollback_hook() noexcept {

@@ -87,6 +87,7 @@
 // std::counting_semaphore.
 #pragma once
 
+#include <bulkhead/detail/blocking_wait.hpp>
 #include <bulkhead/detail/wait_queue.hpp>
 
 #include <algorithm>
@@ -104,12 +105,9 @@
 
 namespace bulkhead {
 
-/// How a wait that can time out or be cancelled ended.
-enum class wait_status : std::uint8_t {
-    acquired,   ///< a permit is held; the caller must release it
-    timed_out,  ///< the deadline passed first; nothing is held
-    cancelled,  ///< a stop was requested first; nothing is held
-};
+namespace detail {
+class workload_scheduler;
+}  // namespace detail
 
 /// A counting semaphore that serves waiters in strict arrival order.
 /// \note Fairness: strict FIFO; try_acquire() fails while anyone is queued.
@@ -143,7 +141,7 @@ public:
     /// Blocks until a permit is granted.
     void acquire() {
         if (!try_acquire()) {
-            (void)wait(no_deadline{}, nullptr);
+            (void)wait(detail::no_deadline{}, nullptr);
         }
     }
 
@@ -153,14 +151,14 @@ public:
         if (stop.stop_requested()) {
             return wait_status::cancelled;
         }
-        return try_acquire() ? wait_status::acquired : wait(no_deadline{}, &stop);
+        return try_acquire() ? wait_status::acquired : wait(detail::no_deadline{}, &stop);
     }
 
     /// Waits at most `rel_time` for a permit. A zero or negative wait still
     /// succeeds when a permit is free and nobody is queued.
     template <class Rep, class Period>
     [[nodiscard]] bool try_acquire_for(const std::chrono::duration<Rep, Period>& rel_time) {
-        return try_acquire() || wait(relative_deadline(rel_time), nullptr) == wait_status::acquired;
+        return try_acquire() || wait(detail::relative_deadline(rel_time), nullptr) == wait_status::acquired;
     }
 
     /// Waits at most `rel_time` for a permit, giving up when `stop` is requested.
@@ -171,7 +169,7 @@ public:
         if (stop.stop_requested()) {
             return wait_status::cancelled;
         }
-        return try_acquire() ? wait_status::acquired : wait(relative_deadline(rel_time), &stop);
+        return try_acquire() ? wait_status::acquired : wait(detail::relative_deadline(rel_time), &stop);
     }
 
     /// Waits until `abs_time` (on any clock) for a permit. The time left is
@@ -180,7 +178,7 @@ public:
     /// other points too far away to represent mean "no deadline".
     template <class Clock, class Duration>
     [[nodiscard]] bool try_acquire_until(const std::chrono::time_point<Clock, Duration>& abs_time) {
-        return try_acquire() || wait(relative_deadline(time_left(abs_time)), nullptr) == wait_status::acquired;
+        return try_acquire() || wait(detail::relative_deadline(detail::time_left(abs_time)), nullptr) == wait_status::acquired;
     }
 
     /// Waits until `abs_time` (on any clock) for a permit, giving up when
@@ -191,7 +189,7 @@ public:
         if (stop.stop_requested()) {
             return wait_status::cancelled;
         }
-        return try_acquire() ? wait_status::acquired : wait(relative_deadline(time_left(abs_time)), &stop);
+        return try_acquire() ? wait_status::acquired : wait(detail::relative_deadline(detail::time_left(abs_time)), &stop);
     }
 
     /// Returns `count` permits. Each goes straight to the oldest waiter, if
@@ -236,6 +234,7 @@ public:
 
     private:
         friend class fifo_semaphore;
+        friend class detail::workload_scheduler;  // queues the same nodes for a gate with classes
 
         static void deliver(detail::queue_node& base) noexcept {
             auto& node = static_cast<async_node&>(base);
@@ -310,8 +309,6 @@ public:
     }
 
 private:
-    struct no_deadline {};
-
     static constexpr std::uint64_t one_waiter = std::uint64_t{1} << 32;
     /// The low half holds free permits + bias: [-2^31, 2^31) free permits.
     static constexpr std::uint64_t bias = std::uint64_t{1} << 31;
@@ -332,147 +329,26 @@ private:
         return static_cast<std::uint64_t>(permits);
     }
 
-    /// The time from now until `abs_time`, computed in floating point so that
-    /// no time point (max(), coarse durations) can overflow.
-    template <class Clock, class Duration>
-    static std::chrono::duration<double> time_left(const std::chrono::time_point<Clock, Duration>& abs_time) {
-        using std::chrono::duration;
-        return duration<double>(abs_time.time_since_epoch()) - duration<double>(Clock::now().time_since_epoch());
-    }
-
-    /// A relative wait becomes one steady_clock deadline; a wait too long to
-    /// represent (hours::max()) saturates to "no deadline"; a zero, negative
-    /// or NaN wait means "do not wait".
-    template <class Rep, class Period>
-    static std::optional<std::chrono::steady_clock::time_point> relative_deadline(
-        const std::chrono::duration<Rep, Period>& rel_time) {
-        using namespace std::chrono;
-        const auto now = steady_clock::now();
-        if (!(duration<double>(rel_time).count() > 0.0)) {  // also NaN
-            return now;
+    /// What detail::wait_for_grant needs of the semaphore (every member
+    /// called with m_mutex held but mutex() itself).
+    struct waiting_side {
+        fifo_semaphore& semaphore;
+        [[nodiscard]] std::mutex& mutex() const noexcept { return semaphore.m_mutex; }
+        [[nodiscard]] bool take_or_enqueue(detail::queue_node& node) const noexcept {
+            return semaphore.take_or_enqueue(node);
         }
-        if (duration<double>(rel_time) >= duration<double>(steady_clock::time_point::max() - now)) {
-            return std::nullopt;
-        }
-        return now + ceil<steady_clock::duration>(rel_time);
-    }
-
-    /// Runs in the thread that requests a stop: marks the waiter cancelled
-    /// under the node's lock (so the wake cannot be missed), then wakes it.
-    /// The node outlives this: the waiter's ~stop_callback waits for a
-    /// callback that is running.
-    struct cancel_waiter {
-        detail::waiter* node;
-        void operator()() const noexcept {
-            {
-                const std::lock_guard lock(node->lock);
-                node->cancelled = true;
-            }
-            node->wake.notify_one();
+        void leave(detail::queue_node& node) const noexcept {
+            semaphore.m_queue.remove(node);
+            semaphore.m_state.fetch_sub(one_waiter, std::memory_order_relaxed);  // mutex-guarded bookkeeping
         }
     };
 
-    template <class Deadline>
-    wait_status wait(const std::optional<Deadline>& deadline, const std::stop_token* stop) {
-        return deadline ? wait(*deadline, stop) : wait(no_deadline{}, stop);
-    }
-
-    /// The slow path: take a permit under the mutex or queue for one.
+    /// The slow path: take a permit under the mutex or queue for one
+    /// (detail/blocking_wait.hpp).
     template <class Deadline>
     wait_status wait(const Deadline& deadline, const std::stop_token* stop) {
-        detail::waiter node;
-        // The stop callback is registered first: if the stop was already
-        // requested it runs right here. It is destroyed (and, if running
-        // elsewhere, waited for) before `node` goes away.
-        std::optional<std::stop_callback<cancel_waiter>> on_stop;
-        if (stop != nullptr && stop->stop_possible()) {
-            on_stop.emplace(*stop, cancel_waiter{&node});
-        }
-        {
-            const std::lock_guard node_lock(node.lock);
-            if (node.cancelled) {
-                return wait_status::cancelled;
-            }
-        }
-        {
-            const std::lock_guard lock(m_mutex);
-            if (take_or_enqueue(node)) {
-                return wait_status::acquired;
-            }
-        }
-        return wait_queued(node, deadline);
-    }
-
-    /// The rest of wait() once `node` is queued. noexcept: a failure to lock
-    /// here (std::system_error, which glibc's mutexes do not raise) would
-    /// leave the dead node linked in the queue, so it terminates instead,
-    /// as release() and hand_over() would.
-    template <class Deadline>
-    wait_status wait_queued(detail::waiter& node, const Deadline& deadline) noexcept {
-        wait_status outcome = sleep(node, deadline);
-        if (outcome != wait_status::acquired) {
-            std::unique_lock lock(m_mutex);
-            if (node.queued) {
-                // No release can reach us any more: leave.
-                m_queue.remove(node);
-                m_state.fetch_sub(one_waiter, std::memory_order_relaxed);  // mutex-guarded bookkeeping
-                return outcome;
-            }
-            // Unlinked by a hand_over(): its grant is on the way and wins.
-            lock.unlock();
-            std::unique_lock node_lock(node.lock);
-            node.wake.wait(node_lock, [&node] { return node.granted; });
-            outcome = wait_status::acquired;
-        }
-        await_handed_over(node);
-        return outcome;
-    }
-
-    /// A granted waiter's last step: the releaser may still be inside its
-    /// notify (a syscall, about a microsecond); the node must outlive that.
-    /// Spins briefly (the releaser usually runs on another core), then
-    /// yields (it may have been preempted by this very thread), then sleeps
-    /// with a growing pause: a yield does not let a releaser of lower
-    /// real-time priority run, a sleep does.
-    static void await_handed_over(const detail::waiter& node) noexcept {
-        constexpr int spins = 1000;
-        constexpr int yields = 100;
-        int round = 0;
-        auto pause = std::chrono::microseconds(1);
-        while (!node.handed_over.load(std::memory_order_acquire)) {
-            if (round < spins) {
-                detail::cpu_relax();
-                ++round;
-            } else if (round < spins + yields) {
-                std::this_thread::yield();
-                ++round;
-            } else {
-                std::this_thread::sleep_for(pause);
-                pause = std::min(pause * 2, std::chrono::microseconds(1000));
-            }
-        }
-    }
-
-    /// Sleeps on the node until it is granted (acquired), cancelled or
-    /// `deadline` passes (timed_out). A grant is checked first, so it wins
-    /// over a timeout or a stop seen at the same time.
-    template <class Deadline>
-    static wait_status sleep(detail::waiter& node, const Deadline& deadline) noexcept {
-        std::unique_lock node_lock(node.lock);
-        for (;;) {
-            if (node.granted) {
-                return wait_status::acquired;
-            }
-            if (node.cancelled) {
-                return wait_status::cancelled;
-            }
-            if constexpr (std::is_same_v<Deadline, no_deadline>) {
-                node.wake.wait(node_lock);
-            } else if (node.wake.wait_until(node_lock, deadline) == std::cv_status::timeout && !node.granted &&
-                       !node.cancelled) {
-                return wait_status::timed_out;
-            }
-        }
+        waiting_side side{*this};
+        return detail::wait_for_grant(side, deadline, stop);
     }
 
     /// Under the mutex: takes a free permit if nobody is queued, otherwise

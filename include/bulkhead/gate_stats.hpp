@@ -24,11 +24,39 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace bulkhead {
 
 /// The number of reject_reason values.
 inline constexpr std::size_t reject_reason_count = 5;
+
+/// One class's figures in gate_stats::workloads.
+struct workload_stats {
+    std::string name;    ///< the class
+    int reserved = 0;    ///< its reserved permits
+    int ceiling = 0;     ///< the most it holds at once
+    int queue = 0;       ///< its waiting room beyond the ceiling
+    int priority = 0;    ///< its rank for shared permits
+    int running = 0;     ///< its calls holding a permit now
+    int queued = 0;      ///< its calls waiting for a permit now
+    int available_slots = 0;  ///< its free admission slots (of ceiling + queue)
+    std::uint64_t admitted = 0;  ///< its calls that got a permit
+    /// Its calls turned away, by reject_reason (index: static_cast<size_t>(reason)).
+    std::array<std::uint64_t, reject_reason_count> rejected{};
+    /// The running mean of its permit holds; zero before the first.
+    std::chrono::nanoseconds mean_permit_hold{0};
+    /// How long a call of this class arriving now would wait for a permit
+    /// (db_bulkhead::expected_queue_wait(workload)).
+    std::chrono::nanoseconds expected_queue_wait{0};
+    histogram_snapshot permit_wait;  ///< admission to execution permit, its calls
+
+    /// Rejections for one reason.
+    [[nodiscard]] std::uint64_t rejections(reject_reason reason) const noexcept {
+        return rejected[static_cast<std::size_t>(reason)];
+    }
+};
 
 /// A plain copy of a gate's counters, gauges and latency distributions.
 struct gate_stats {
@@ -89,6 +117,10 @@ struct gate_stats {
     histogram_snapshot work;             ///< the callback itself
     histogram_snapshot call;             ///< admission to connection returned (end to end)
 
+    /// Per class, in id order, for a gate with workload classes
+    /// (workload.hpp); empty for a plain gate.
+    std::vector<workload_stats> workloads;
+
     /// Rejections for one reason.
     [[nodiscard]] std::uint64_t rejections(reject_reason reason) const noexcept {
         return rejected[static_cast<std::size_t>(reason)];
@@ -96,6 +128,30 @@ struct gate_stats {
 };
 
 namespace detail {
+
+/// A running mean of durations in which each new sample weighs
+/// 1/weight: it follows a change of the database's speed within a few dozen
+/// calls, and one slow call moves it by a sixteenth. Racing updates may lose
+/// a sample; every stored value is a mean of real samples.
+class running_mean {
+public:
+    static constexpr std::int64_t weight = 16;
+
+    void add(std::chrono::nanoseconds sample) noexcept {
+        const std::int64_t value = sample.count() > 0 ? sample.count() : 1;
+        // relaxed: a statistic; it orders nothing.
+        const std::int64_t mean = m_ns.load(std::memory_order_relaxed);
+        m_ns.store(mean == 0 ? value : mean + (value - mean) / weight, std::memory_order_relaxed);
+    }
+
+    /// The mean; zero before the first sample.
+    [[nodiscard]] std::chrono::nanoseconds get() const noexcept {
+        return std::chrono::nanoseconds(m_ns.load(std::memory_order_relaxed));
+    }
+
+private:
+    std::atomic<std::int64_t> m_ns{0};
+};
 
 /// The live counters behind gate_stats.
 class gate_metrics {
@@ -111,23 +167,11 @@ public:
     void deadline_rejected_early() noexcept { bump(m_deadline_rejected_early); }
 
     /// Folds the permit hold of one finished transaction into the running
-    /// mean (weight 1/hold_weight). Racing updates may lose a sample; every
-    /// stored value is a mean of real samples.
-    void permit_held(std::chrono::nanoseconds held) noexcept {
-        const std::int64_t sample = held.count() > 0 ? held.count() : 1;
-        const std::int64_t mean = m_mean_hold_ns.load(std::memory_order_relaxed);
-        m_mean_hold_ns.store(mean == 0 ? sample : mean + (sample - mean) / hold_weight, std::memory_order_relaxed);
-    }
+    /// mean (running_mean: each sample weighs 1/16).
+    void permit_held(std::chrono::nanoseconds held) noexcept { m_mean_hold.add(held); }
 
     /// The running mean of permit holds; zero before the first sample.
-    [[nodiscard]] std::chrono::nanoseconds mean_permit_hold() const noexcept {
-        return std::chrono::nanoseconds(m_mean_hold_ns.load(std::memory_order_relaxed));
-    }
-
-    /// The weight of one sample in mean_permit_hold() is 1/hold_weight: the
-    /// mean follows a change of the database's speed within a few dozen
-    /// calls, and one slow call moves it by a sixteenth.
-    static constexpr std::int64_t hold_weight = 16;
+    [[nodiscard]] std::chrono::nanoseconds mean_permit_hold() const noexcept { return m_mean_hold.get(); }
 
     log_linear_histogram permit_wait;
     log_linear_histogram pool_wait;
@@ -177,7 +221,7 @@ private:
     std::atomic<std::uint64_t> m_commit_unknown{0};
     std::atomic<std::uint64_t> m_deadline_rejected_early{0};
     // Written by every finished transaction: a line of its own.
-    alignas(64) std::atomic<std::int64_t> m_mean_hold_ns{0};
+    alignas(64) running_mean m_mean_hold;
 };
 
 }  // namespace detail

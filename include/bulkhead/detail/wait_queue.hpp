@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 
 namespace bulkhead::detail {
@@ -35,6 +36,7 @@ struct queue_node {
     queue_node* prev = nullptr;  // guarded by the semaphore's mutex
     queue_node* next = nullptr;  // guarded by the semaphore's mutex; a releaser's list once popped
     bool queued = false;         // guarded by the semaphore's mutex: linked in the queue
+    std::uint64_t ticket = 0;    // guarded by the owner's mutex: arrival order (workload_scheduler only)
     grant_function grant;        // set once, at construction
 };
 
