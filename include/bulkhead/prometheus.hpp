@@ -13,6 +13,9 @@
 // Label values are escaped; nothing from a connection string ever becomes a
 // label (the names are the caller's).
 //
+// A gate with workload classes (workload.hpp) adds the bulkhead_workload_*
+// families, one sample per class, labelled gate="..." and workload="...".
+//
 // Histogram buckets come from bulkhead's log-linear histogram: a sample is
 // counted in an `le` bucket when its whole log-linear bucket lies at or below
 // `le`, so a bucket can undercount by the samples within about 3 % below its
@@ -22,10 +25,12 @@
 #include <bulkhead/gate_stats.hpp>
 #include <bulkhead/pool_stats.hpp>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <chrono>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -115,21 +120,33 @@ private:
         out.append(buffer.data(), end);
     }
 
-    /// name{key="owner"[,extra_key="extra"]} value
+    using label = std::pair<std::string_view, std::string_view>;
+
+    /// name{key="value",...} value
     template <class Value>
-    static void sample(std::string& out, std::string_view name, std::string_view key, std::string_view owner,
-                       Value value, std::string_view extra_key = {}, std::string_view extra = {}) {
-        out.append(name).append("{").append(key).append("=\"");
-        escaped(out, owner);
-        out.append("\"");
-        if (!extra_key.empty()) {
-            out.append(",").append(extra_key).append("=\"");
-            escaped(out, extra);
+    static void labelled_sample(std::string& out, std::string_view name, std::initializer_list<label> labels,
+                                Value value) {
+        out.append(name).append("{");
+        bool first = true;
+        for (const auto& [key, text] : labels) {
+            if (key.empty()) {
+                continue;
+            }
+            out.append(first ? "" : ",").append(key).append("=\"");
+            escaped(out, text);
             out.append("\"");
+            first = false;
         }
         out.append("} ");
         number(out, value);
         out.append("\n");
+    }
+
+    /// name{key="owner"[,extra_key="extra"]} value
+    template <class Value>
+    static void sample(std::string& out, std::string_view name, std::string_view key, std::string_view owner,
+                       Value value, std::string_view extra_key = {}, std::string_view extra = {}) {
+        labelled_sample(out, name, {{key, owner}, {extra_key, extra}}, value);
     }
 
     // --- gates -------------------------------------------------------------------------
@@ -161,18 +178,97 @@ private:
     void gate_histogram(std::string& out, std::string_view name, std::string_view help,
                         histogram_snapshot gate_stats::*field) const {
         header(out, name, "histogram", help);
-        const std::string bucket = std::string(name) + "_bucket";
         for (const auto& [gate, stats] : m_gates) {
-            const histogram_snapshot& histogram = stats.*field;
-            for (const double bound : bucket_bounds) {
-                std::string le;
-                number(le, bound);
-                const auto bound_ns = static_cast<std::uint64_t>(bound * 1e9);
-                sample(out, bucket, "gate", gate, histogram.count_at_or_below(bound_ns), "le", le);
+            histogram_samples(out, name, gate, {}, stats.*field);
+        }
+    }
+
+    /// One histogram's _bucket, _sum and _count samples for a gate (and a
+    /// workload class, when `workload` is not empty).
+    static void histogram_samples(std::string& out, std::string_view name, std::string_view gate,
+                                  std::string_view workload, const histogram_snapshot& histogram) {
+        const std::string bucket = std::string(name) + "_bucket";
+        const std::string_view workload_key = workload.empty() ? std::string_view{} : std::string_view{"workload"};
+        for (const double bound : bucket_bounds) {
+            std::string le;
+            number(le, bound);
+            const auto bound_ns = static_cast<std::uint64_t>(bound * 1e9);
+            labelled_sample(out, bucket, {{"gate", gate}, {workload_key, workload}, {"le", le}},
+                            histogram.count_at_or_below(bound_ns));
+        }
+        labelled_sample(out, bucket, {{"gate", gate}, {workload_key, workload}, {"le", "+Inf"}}, histogram.count());
+        labelled_sample(out, std::string(name) + "_sum", {{"gate", gate}, {workload_key, workload}},
+                        static_cast<double>(histogram.sum()) / 1e9);
+        labelled_sample(out, std::string(name) + "_count", {{"gate", gate}, {workload_key, workload}},
+                        histogram.count());
+    }
+
+    /// One family with one sample per workload class of every gate that has
+    /// classes: `field(workload_stats)` is the value.
+    template <class Field>
+    void workload_family(std::string& out, std::string_view name, std::string_view type, std::string_view help,
+                         Field field) const {
+        header(out, name, type, help);
+        for (const auto& [gate, stats] : m_gates) {
+            for (const workload_stats& one : stats.workloads) {
+                labelled_sample(out, name, {{"gate", gate}, {"workload", one.name}}, field(one));
             }
-            sample(out, bucket, "gate", gate, histogram.count(), "le", "+Inf");
-            sample(out, std::string(name) + "_sum", "gate", gate, static_cast<double>(histogram.sum()) / 1e9);
-            sample(out, std::string(name) + "_count", "gate", gate, histogram.count());
+        }
+    }
+
+    /// The families of the workload classes (workload.hpp), labelled
+    /// gate="..." and workload="...": written only when a gate has classes.
+    void render_workloads(std::string& out) const {
+        const bool any = std::any_of(m_gates.begin(), m_gates.end(),
+                                     [](const named<gate_stats>& gate) { return !gate.second.workloads.empty(); });
+        if (!any) {
+            return;
+        }
+        const auto count = [](int value) { return static_cast<std::uint64_t>(value); };
+        const auto seconds = [](std::chrono::nanoseconds value) { return std::chrono::duration<double>(value).count(); };
+        workload_family(out, "bulkhead_workload_admitted_total", "counter",
+                        "Calls of a workload class that got an admission slot and an execution permit.",
+                        [](const workload_stats& w) { return w.admitted; });
+        header(out, "bulkhead_workload_rejections_total", "counter",
+               "Calls of a workload class turned away before their work started, by reason.");
+        for (const auto& [gate, stats] : m_gates) {
+            for (const workload_stats& one : stats.workloads) {
+                for (std::size_t i = 0; i < reject_reason_count; ++i) {
+                    labelled_sample(out, "bulkhead_workload_rejections_total",
+                                    {{"gate", gate},
+                                     {"workload", one.name},
+                                     {"reason", reason_label(static_cast<reject_reason>(i))}},
+                                    one.rejected[i]);
+                }
+            }
+        }
+        workload_family(out, "bulkhead_workload_running", "gauge",
+                        "Calls of a workload class holding an execution permit.",
+                        [&](const workload_stats& w) { return count(w.running); });
+        workload_family(out, "bulkhead_workload_queued", "gauge",
+                        "Calls of a workload class waiting for an execution permit.",
+                        [&](const workload_stats& w) { return count(w.queued); });
+        workload_family(out, "bulkhead_workload_available_slots", "gauge",
+                        "Free admission slots of a workload class (of ceiling + queue).",
+                        [&](const workload_stats& w) { return count(w.available_slots); });
+        workload_family(out, "bulkhead_workload_reserved_permits", "gauge",
+                        "Execution permits reserved for a workload class.",
+                        [&](const workload_stats& w) { return count(w.reserved); });
+        workload_family(out, "bulkhead_workload_ceiling", "gauge",
+                        "The most execution permits a workload class holds at once.",
+                        [&](const workload_stats& w) { return count(w.ceiling); });
+        workload_family(out, "bulkhead_workload_mean_permit_hold_seconds", "gauge",
+                        "Running mean of how long a call of a workload class holds its execution permit.",
+                        [&](const workload_stats& w) { return seconds(w.mean_permit_hold); });
+        workload_family(out, "bulkhead_workload_expected_queue_wait_seconds", "gauge",
+                        "How long a call of a workload class arriving now would wait for its execution permit.",
+                        [&](const workload_stats& w) { return seconds(w.expected_queue_wait); });
+        header(out, "bulkhead_workload_permit_wait_seconds", "histogram",
+               "Time from admission to an execution permit, by workload class.");
+        for (const auto& [gate, stats] : m_gates) {
+            for (const workload_stats& one : stats.workloads) {
+                histogram_samples(out, "bulkhead_workload_permit_wait_seconds", gate, one.name, one.permit_wait);
+            }
         }
     }
 
@@ -258,6 +354,7 @@ private:
         gate_histogram(out, "bulkhead_work_seconds", "Time spent in the callback.", &gate_stats::work);
         gate_histogram(out, "bulkhead_call_seconds", "Time from admission until the connection was returned.",
                        &gate_stats::call);
+        render_workloads(out);
     }
 
     // --- pools -------------------------------------------------------------------------

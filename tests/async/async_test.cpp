@@ -785,3 +785,90 @@ TEST_CASE(
     INFO("lowest limit " << lowest << ", changes " << stats.limit_changes << ", refused " << refused.load());
     bulkhead_test::check_every_permit_back(stats, gate.limit(), most.load(), ceiling, 64);
 }
+
+TEST_CASE(
+    "[G2] coroutine callers of a gate with workload classes: reservations, priority, class queue wait and cancel as "
+    "for threads",
+    "[unit][async][G2]") {
+    fake_pool pool;
+    const bulkhead::workload_plan plan{{
+        bulkhead::workload_class{.name = "interactive", .reserved = 1, .queue = 4},
+        bulkhead::workload_class{.name = "batch", .queue = 4, .queue_wait = 20ms, .priority = 5},
+    }};
+    gate_t gate(pool, 2, plan);
+    const bulkhead::workload_id interactive = gate.workload("interactive");
+    const bulkhead::workload_id batch = gate.workload("batch");
+    io_thread io;
+
+    // batch holds the one shared permit, from a coroutine.
+    held_work batch_work;
+    outcome batch_first;
+    gate.async_transaction({.queue_wait = 1s, .workload = batch}, batch_work.callback(), batch_first.handler());
+    batch_work.entered.wait();
+
+    // A second batch coroutine queues, and gives up after the class's 20 ms
+    // (it asked for 30 s).
+    outcome batch_timed_out;
+    gate.async_transaction({.queue_wait = 30s, .workload = batch}, [](fake_pool::work&) { return 1; },
+                           batch_timed_out.handler());
+    bulkhead_test::await([&] { return batch_timed_out.finished(); });
+    CHECK(batch_timed_out.code == reject_reason::admission_timeout);
+
+    // interactive's reserved permit is there for a coroutine at once.
+    held_work interactive_work;
+    outcome interactive_first;
+    gate.async_transaction({.queue_wait = 0ms, .workload = interactive}, interactive_work.callback(),
+                           interactive_first.handler());
+    interactive_work.entered.wait();
+
+    // Both permits held. Queue, in this order: a batch coroutine (higher
+    // priority), an interactive coroutine, a cancelled interactive one.
+    outcome batch_waiting;
+    std::atomic<int> order{0};
+    std::atomic<int> batch_order{0};
+    std::atomic<int> interactive_order{0};
+    asio::cancellation_signal cancel;
+    outcome cancelled;
+    gate.async_transaction({.queue_wait = 1s, .workload = batch},
+                           [&](fake_pool::work&) { return batch_order = ++order; }, batch_waiting.handler());
+    bulkhead_test::await([&] { return gate.waiting() == 1; });
+    outcome interactive_waiting;
+    gate.async_transaction({.queue_wait = 30s, .workload = interactive},
+                           [&](fake_pool::work&) { return interactive_order = ++order; },
+                           interactive_waiting.handler());
+    bulkhead_test::await([&] { return gate.waiting() == 2; });
+    asio::post(io.executor(), [&] {
+        gate.async_transaction({.queue_wait = 30s, .workload = interactive}, [](fake_pool::work&) { return 1; },
+                               asio::bind_cancellation_slot(cancel.slot(),
+                                                            asio::bind_executor(io.executor(), cancelled.handler())));
+    });
+    bulkhead_test::await([&] { return gate.waiting() == 3; });
+    asio::post(io.executor(), [&] { cancel.emit(asio::cancellation_type::terminal); });
+    bulkhead_test::await([&] { return cancelled.finished(); });
+    CHECK(cancelled.code == reject_reason::admission_cancelled);
+    CHECK(gate.waiting() == 2);
+
+    // The interactive permit comes back: it is interactive's reservation,
+    // so the interactive coroutine gets it, not the older batch one.
+    interactive_work.release.count_down();
+    bulkhead_test::await([&] { return interactive_first.finished() && interactive_waiting.finished(); });
+    CHECK(!interactive_waiting.code);
+    CHECK(interactive_order == 1);
+    CHECK(!batch_waiting.finished());
+    // The shared permit comes back: batch's waiter gets it.
+    batch_work.release.count_down();
+    bulkhead_test::await([&] { return batch_first.finished() && batch_waiting.finished(); });
+    CHECK(!batch_waiting.code);
+    CHECK(batch_order == 2);
+
+    const bulkhead::gate_stats stats = gate.stats();
+    CHECK(stats.running == 0);
+    CHECK(stats.queued == 0);
+    CHECK(gate.available() == 2);
+    CHECK(gate.available_slots() == (2 + 4) + (2 + 4));
+    REQUIRE(stats.workloads.size() == 2);
+    CHECK(stats.workloads[0].admitted == 2);
+    CHECK(stats.workloads[0].rejections(reject_reason::admission_cancelled) == 1);
+    CHECK(stats.workloads[1].admitted == 2);
+    CHECK(stats.workloads[1].rejections(reject_reason::admission_timeout) == 1);
+}

@@ -110,3 +110,47 @@ TEST_CASE("the format checker rejects a broken exposition (it can fail)", "[prom
     INFO(output2);
     CHECK(status2 != 0);
 }
+
+TEST_CASE("a gate with workload classes adds per-class families labelled workload, valid for a real parser",
+          "[prometheus]") {
+    fake_pool pool;
+    const bulkhead::workload_plan plan{{
+        bulkhead::workload_class{.name = "interactive", .reserved = 1, .queue = 2},
+        bulkhead::workload_class{.name = "batch", .ceiling = 1, .queue = 0, .priority = 2},
+    }};
+    bulkhead::db_bulkhead<fake_pool> gate(pool, 2, plan);
+    const bulkhead::workload_id batch = gate.workload("batch");
+    gate.transaction({.workload = batch}, [](fake_pool::work&) {});
+    gate.transaction({.workload = gate.workload("interactive")}, [](fake_pool::work&) {});
+    bulkhead::permit held = gate.enter({.workload = batch});
+    (void)gate.try_enter({.task = &pool, .workload = batch});  // the class's one slot is taken: full
+    bulkhead::prometheus_exposition metrics;
+    metrics.add("orders", gate.stats());
+    metrics.add("plain", busy_gate_stats(pool));
+    const std::string text = metrics.render();
+    const auto [status, report] = check_format(text);
+    INFO(report);
+    CHECK(status == 0);
+    CHECK(text.find("bulkhead_workload_admitted_total{gate=\"orders\",workload=\"batch\"} 2\n") != std::string::npos);
+    CHECK(text.find("bulkhead_workload_admitted_total{gate=\"orders\",workload=\"interactive\"} 1\n") !=
+          std::string::npos);
+    CHECK(text.find("bulkhead_workload_rejections_total{gate=\"orders\",workload=\"batch\",reason=\"full\"} 1\n") !=
+          std::string::npos);
+    CHECK(text.find("bulkhead_workload_running{gate=\"orders\",workload=\"batch\"} 1\n") != std::string::npos);
+    CHECK(text.find("bulkhead_workload_reserved_permits{gate=\"orders\",workload=\"interactive\"} 1\n") !=
+          std::string::npos);
+    CHECK(text.find("bulkhead_workload_ceiling{gate=\"orders\",workload=\"interactive\"} 2\n") != std::string::npos);
+    CHECK(text.find(
+              "bulkhead_workload_permit_wait_seconds_count{gate=\"orders\",workload=\"interactive\"} 1\n") !=
+          std::string::npos);
+    // The plain gate has no class samples.
+    CHECK(text.find("workload=\"default\"") == std::string::npos);
+    held.release();
+}
+
+TEST_CASE("an exposition of plain gates only has no workload families", "[prometheus]") {
+    fake_pool pool;
+    bulkhead::prometheus_exposition metrics;
+    metrics.add("plain", busy_gate_stats(pool));
+    CHECK(metrics.render().find("bulkhead_workload_") == std::string::npos);
+}
