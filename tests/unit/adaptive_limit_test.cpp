@@ -332,12 +332,16 @@ TEST_CASE("[G7] a limit that shrinks and grows under callers that hold and wait 
     CHECK(permits.balance() == ceiling);  // none lost, none duplicated
 }
 
-TEST_CASE("[G7] an adaptive gate whose limit falls and rises with waiters queued ends with every permit back",
-          "[G7][adaptive]") {
-    bulkhead_test::fake_pool pool;
-    constexpr int ceiling = 6;
-    bulkhead::db_bulkhead<bulkhead_test::fake_pool> gate(pool, ceiling, 64,
-                                                         adaptive_options{.floor = 1, .interval = 20ms});
+namespace {
+
+using adaptive_fake_gate = bulkhead::db_bulkhead<bulkhead_test::fake_pool>;
+
+/// Ten callers (caller c in workload class c % classes) keep an adaptive gate
+/// busy while the "database" slows down eight times and recovers: the limit
+/// must fall below the highest it reached and rise again. Returns the most
+/// callbacks seen running at once; every caller is stopped and joined on
+/// every exit.
+int exercise_fall_and_rise(adaptive_fake_gate& gate, int classes) {
     std::atomic<int> inside{0};
     std::atomic<int> most{0};
     std::atomic<int> slow{1};  // the work's cost in ms: the "database" slows down and recovers
@@ -346,14 +350,16 @@ TEST_CASE("[G7] an adaptive gate whose limit falls and rises with waiters queued
     std::vector<std::thread> callers;
     callers.reserve(10);
     for (int c = 0; c < 10; ++c) {
-        callers.emplace_back([&] {
+        callers.emplace_back([&, c] {
+            const bulkhead::workload_id workload{c % classes};
             while (running.load()) {
-                (void)gate.try_transaction({.queue_wait = 200ms}, [&](bulkhead_test::fake_pool::work&) {
-                    bulkhead_test::raise_max(most, inside.fetch_add(1) + 1);
-                    // The work's duration is what the limit reacts to: it orders nothing.
-                    std::this_thread::sleep_for(std::chrono::milliseconds(slow.load()));
-                    inside.fetch_sub(1);
-                });
+                (void)gate.try_transaction({.queue_wait = 200ms, .workload = workload},
+                                           [&](bulkhead_test::fake_pool::work&) {
+                                               bulkhead_test::raise_max(most, inside.fetch_add(1) + 1);
+                                               // The work's duration is what the limit reacts to: it orders nothing.
+                                               std::this_thread::sleep_for(std::chrono::milliseconds(slow.load()));
+                                               inside.fetch_sub(1);
+                                           });
                 calls.fetch_add(1);
             }
         });
@@ -396,7 +402,40 @@ TEST_CASE("[G7] an adaptive gate whose limit falls and rises with waiters queued
     for (std::thread& caller : callers) {
         caller.join();
     }
+    INFO("lowest limit " << lowest << ", calls " << calls.load());
+    return most.load();
+}
+
+}  // namespace
+
+TEST_CASE("[G7] an adaptive gate whose limit falls and rises with waiters queued ends with every permit back",
+          "[G7][adaptive]") {
+    bulkhead_test::fake_pool pool;
+    constexpr int ceiling = 6;
+    adaptive_fake_gate gate(pool, ceiling, 64, adaptive_options{.floor = 1, .interval = 20ms});
+    const int most = exercise_fall_and_rise(gate, 1);
     const bulkhead::gate_stats stats = gate.stats();
-    INFO("lowest limit " << lowest << ", changes " << stats.limit_changes << ", calls " << calls.load());
-    bulkhead_test::check_every_permit_back(stats, gate.limit(), most.load(), ceiling, 64);
+    INFO("changes " << stats.limit_changes);
+    bulkhead_test::check_every_permit_back(stats, gate.limit(), most, ceiling, 64);
+}
+
+TEST_CASE("[G7] an adaptive gate with workload classes moves only the shared permits and ends with every permit back",
+          "[G7][G1][adaptive]") {
+    bulkhead_test::fake_pool pool;
+    constexpr int ceiling = 6;
+    const bulkhead::workload_plan plan{{
+        bulkhead::workload_class{.name = "interactive", .reserved = 1, .queue = 32},
+        bulkhead::workload_class{.name = "batch", .reserved = 1, .queue = 32, .priority = 1},
+    }};
+    adaptive_fake_gate gate(pool, ceiling, plan, adaptive_options{.floor = 2, .interval = 20ms});
+    CHECK(gate.limit() == 2);  // it starts at the floor: the reservations
+    const int most = exercise_fall_and_rise(gate, 2);
+    const bulkhead::gate_stats stats = gate.stats();
+    INFO("changes " << stats.limit_changes);
+    // The classes' slots are ceiling + queue each: (6 + 32) x 2 stand for B + Q.
+    bulkhead_test::check_every_permit_back(stats, gate.limit(), most, ceiling, 6 + 32 + 32);
+    REQUIRE(stats.workloads.size() == 2);
+    CHECK(stats.workloads[0].admitted > 0);
+    CHECK(stats.workloads[1].admitted > 0);
+    CHECK(stats.workloads[0].admitted + stats.workloads[1].admitted == stats.admitted);
 }
