@@ -31,6 +31,8 @@
 #include <latch>
 #include <mutex>
 #include <random>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -434,6 +436,22 @@ struct run_summary {
     summary.full_throw_p99_us = quantile(full_throw, 0.99) / 1e3;
     summary.pickup_p99_ms = quantile(pickups, 0.99) / 1e6;
     return summary;
+}
+
+/// A command-line value that must be a whole number, at least 1.
+/// \throws std::invalid_argument naming the option and (the start of) the value.
+[[nodiscard]] inline int positive_argument(const std::string& option, const std::string& text) {
+    std::size_t used = 0;
+    int value = 0;
+    try {
+        value = std::stoi(text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used != text.size() || value < 1) {
+        throw std::invalid_argument(option + " wants a whole number, at least 1, not '" + text.substr(0, 20) + "'");
+    }
+    return value;
 }
 
 }  // namespace bulkhead_bench

@@ -371,19 +371,7 @@ int main(int argc, char** argv) {
             } else if (argument == "--prefix") {
                 config.prefix = value();
             } else if (argument == "--phase") {
-                const std::string seconds = value();
-                std::size_t used = 0;
-                int parsed = 0;
-                try {
-                    parsed = std::stoi(seconds, &used);
-                } catch (const std::exception&) {
-                    used = 0;
-                }
-                if (used != seconds.size() || parsed < 1) {
-                    throw std::invalid_argument("--phase wants a whole number of seconds, at least 1, not '" + seconds +
-                                                "'");
-                }
-                config.phase = std::chrono::seconds(parsed);
+                config.phase = std::chrono::seconds(bulkhead_bench::positive_argument("--phase", value()));
             } else if (argument == "--quick") {
                 config.phase = std::chrono::seconds(15);
             } else {
