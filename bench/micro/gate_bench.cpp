@@ -51,6 +51,30 @@ void gate_enter_leave(benchmark::State& state) {
 BENCHMARK(gate_enter_leave)->Name("gate/enter_leave")->Apply(bulkhead_bench::uncontended_gate);
 BENCHMARK(gate_enter_leave)->Name("gate/enter_leave")->Apply(bulkhead_bench::contended);
 
+/// The same on a gate with two workload classes (workload.hpp), a call of
+/// the class without a reservation: what the classes' one mutex costs over
+/// the plain gate's lock-free path (docs/workloads.md, "Cost").
+std::optional<gate_type> g_classed_gate;
+
+void gate_classes_enter_leave(benchmark::State& state) {
+    if (state.thread_index() == 0) {
+        // One permit more than the plain gate's: interactive's reservation;
+        // batch has the rest (range(0) shared permits).
+        g_classed_gate.emplace(g_pool, static_cast<int>(state.range(0)) + 1,
+                               bulkhead::workload_plan{{
+                                   {.name = "interactive", .reserved = 1, .queue = 64},
+                                   {.name = "batch", .queue = 64},
+                               }});
+    }
+    const gate_type::options call{.workload = g_classed_gate->workload("batch")};
+    for (auto _ : state) {
+        bulkhead::permit held = g_classed_gate->enter(call);
+        benchmark::DoNotOptimize(held);
+        held.release();
+    }
+}
+BENCHMARK(gate_classes_enter_leave)->Name("gate_classes/enter_leave")->Apply(bulkhead_bench::uncontended_gate);
+
 /// The full call. Contended, the "wait" of the report is the whole call
 /// (admission, the queue, the empty transaction and the release).
 void gate_transaction(benchmark::State& state) {

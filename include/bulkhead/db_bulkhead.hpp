@@ -424,12 +424,14 @@ public:
 
     int m_concurrent;
     int m_extra_slots;
+    // null: a plain gate (m_slots and m_running serve). Beside B and Q, on
+    // the line every call reads already.
+    std::unique_ptr<workload_scheduler> m_classes;
     admission_counter m_slots;                  // B + Q, never waited on
     fifo_semaphore m_running;                   // B, FIFO
     work_threads m_workers{m_concurrent};       // B threads for asynchronous callers' work, started on first use
     remote_releases m_remote;                   // permits released on another thread than the entering one
     std::unique_ptr<adaptive_gate> m_adaptive;  // null: a fixed limit of B
-    std::unique_ptr<workload_scheduler> m_classes;  // null: a plain gate (m_slots and m_running serve)
 
 private:
     /// The shared permits of a gate with classes, as adaptive_gate resizes
@@ -966,7 +968,7 @@ private:
         }
         const int workload = Classed ? checked_workload(call.workload) : -1;
         if constexpr (!Classed) {
-            if (call.workload.index != 0) {
+            if (call.workload.index != 0) [[unlikely]] {
                 (void)checked_workload(call.workload);  // throws
             }
         }
@@ -1124,10 +1126,13 @@ private:
             // After admission: a rejection reads no clock.
             times->admitted = times->permitted = clock::now();
         }
-        const int workload = slot->workload;
+        const int workload = Classed ? slot->workload : -1;  // a constant for the plain gate
         if (Classed ? m_core.m_classes->try_acquire(workload) : m_core.m_running.try_acquire()) {
             if (times != nullptr) {
-                record_permit_wait(*slot, std::chrono::nanoseconds(0));
+                m_metrics.permit_wait.record(0U);
+                if constexpr (Classed) {
+                    m_core.m_classes->permit_wait(workload).record(0U);
+                }
             }
         } else {
             m_core.no_permit_free();

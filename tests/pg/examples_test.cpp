@@ -22,6 +22,9 @@
 #ifndef BULKHEAD_ORDERS_PATH
 #define BULKHEAD_ORDERS_PATH ""
 #endif
+#ifndef BULKHEAD_WORKLOADS_PATH
+#define BULKHEAD_WORKLOADS_PATH ""
+#endif
 #ifndef BULKHEAD_METRICS_SERVER_PATH
 #define BULKHEAD_METRICS_SERVER_PATH ""
 #endif
@@ -65,6 +68,20 @@ TEST_CASE("examples/orders writes through one gate from several threads and ends
     INFO(run.output);
     CHECK_THAT(run.output, Catch::Matchers::ContainsSubstring("consistent\n"));
     CHECK_THAT(run.output, Catch::Matchers::ContainsSubstring("attempted=1600"));
+    CHECK(run.exited_zero());
+}
+
+TEST_CASE("[G2] examples/workloads keeps interactive's reservation while batch saturates the rest",
+          "[pg][examples][G2]") {
+    const std::string workloads = require_example(BULKHEAD_WORKLOADS_PATH, "workloads");
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): no other thread runs here (every test joins its threads)
+    REQUIRE(::setenv("DB_URL", bulkhead_test::conninfo().c_str(), 1) == 0);
+    const bulkhead_test::program_result run = bulkhead_test::run_program(workloads);
+    INFO(run.output);
+    CHECK_THAT(run.output,
+               Catch::Matchers::ContainsSubstring("interactive: reserved=2 ceiling=4 admitted=20 timed_out=0\n"));
+    CHECK_THAT(run.output, Catch::Matchers::ContainsSubstring("interactive served=20/20"));
+    CHECK_THAT(run.output, Catch::Matchers::ContainsSubstring("reservation kept\n"));
     CHECK(run.exited_zero());
 }
 
