@@ -44,6 +44,7 @@ int main() {
         std::atomic<int> batch_most{0};
         std::atomic<int> batch_started{0};
         std::vector<std::jthread> batch_threads;
+        batch_threads.reserve(6);
         for (int i = 0; i < 6; ++i) {
             batch_threads.emplace_back([&] {
                 while (!stop) {

@@ -1052,8 +1052,8 @@ private:
             hold = own.count() > 0 ? own : hold;
             permits = m_core.m_classes->usable_by(workload);
         }
-        const double spread = static_cast<double>(hold.count()) * static_cast<double>(calls) /
-                              static_cast<double>(std::max(permits, 1));
+        const double spread =
+            static_cast<double>(hold.count()) * static_cast<double>(calls) / static_cast<double>(std::max(permits, 1));
         constexpr double most = 9.0e18;  // below INT64_MAX, exactly representable
         return std::chrono::nanoseconds(spread < most ? static_cast<std::int64_t>(spread)
                                                       : static_cast<std::int64_t>(most));

@@ -178,7 +178,8 @@ public:
     /// other points too far away to represent mean "no deadline".
     template <class Clock, class Duration>
     [[nodiscard]] bool try_acquire_until(const std::chrono::time_point<Clock, Duration>& abs_time) {
-        return try_acquire() || wait(detail::relative_deadline(detail::time_left(abs_time)), nullptr) == wait_status::acquired;
+        return try_acquire() ||
+               wait(detail::relative_deadline(detail::time_left(abs_time)), nullptr) == wait_status::acquired;
     }
 
     /// Waits until `abs_time` (on any clock) for a permit, giving up when
@@ -189,7 +190,8 @@ public:
         if (stop.stop_requested()) {
             return wait_status::cancelled;
         }
-        return try_acquire() ? wait_status::acquired : wait(detail::relative_deadline(detail::time_left(abs_time)), &stop);
+        return try_acquire() ? wait_status::acquired
+                             : wait(detail::relative_deadline(detail::time_left(abs_time)), &stop);
     }
 
     /// Returns `count` permits. Each goes straight to the oldest waiter, if

@@ -47,7 +47,7 @@ public:
                                                              0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0};
 
     /// Adds a gate's snapshot under the label gate="name".
-    void add(std::string name, gate_stats stats) { m_gates.emplace_back(std::move(name), stats); }
+    void add(std::string name, gate_stats stats) { m_gates.emplace_back(std::move(name), std::move(stats)); }
 
     /// Adds a pool's snapshot under the label pool="name".
     void add(std::string name, pool_stats stats) { m_pools.emplace_back(std::move(name), stats); }
@@ -225,7 +225,9 @@ private:
             return;
         }
         const auto count = [](int value) { return static_cast<std::uint64_t>(value); };
-        const auto seconds = [](std::chrono::nanoseconds value) { return std::chrono::duration<double>(value).count(); };
+        const auto seconds = [](std::chrono::nanoseconds value) {
+            return std::chrono::duration<double>(value).count();
+        };
         workload_family(out, "bulkhead_workload_admitted_total", "counter",
                         "Calls of a workload class that got an admission slot and an execution permit.",
                         [](const workload_stats& w) { return w.admitted; });

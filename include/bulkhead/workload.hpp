@@ -89,8 +89,8 @@ inline bool valid_workload_name(std::string_view name) noexcept {
         return false;
     }
     for (const char c : name) {
-        const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-                        c == '-';
+        const bool ok =
+            (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
         if (!ok) {
             return false;
         }
@@ -157,8 +157,8 @@ inline bool valid_workload_name(std::string_view name) noexcept {
     }
     for (workload_class& c : plan.classes) {
         if (c.ceiling < 0 || c.ceiling > concurrent) {
-            refuse_plan("class \"" + c.name + "\": ceiling " + std::to_string(c.ceiling) + " is outside [0, B = " +
-                        std::to_string(concurrent) + "] (0 means B)");
+            refuse_plan("class \"" + c.name + "\": ceiling " + std::to_string(c.ceiling) +
+                        " is outside [0, B = " + std::to_string(concurrent) + "] (0 means B)");
         }
         if (c.ceiling == 0) {
             c.ceiling = concurrent;

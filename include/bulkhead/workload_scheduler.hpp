@@ -67,9 +67,7 @@
 #include <string_view>
 #include <vector>
 
-namespace bulkhead {
-
-namespace detail {
+namespace bulkhead::detail {
 
 /// See the file comment.
 class workload_scheduler {
@@ -248,7 +246,9 @@ public:
         m_classes[index(c)].rejected[static_cast<std::size_t>(reason)].fetch_add(1, std::memory_order_relaxed);
     }
     void held(int c, std::chrono::nanoseconds hold) noexcept { m_classes[index(c)].mean_hold.add(hold); }
-    [[nodiscard]] std::chrono::nanoseconds mean_hold(int c) const noexcept { return m_classes[index(c)].mean_hold.get(); }
+    [[nodiscard]] std::chrono::nanoseconds mean_hold(int c) const noexcept {
+        return m_classes[index(c)].mean_hold.get();
+    }
     [[nodiscard]] log_linear_histogram& permit_wait(int c) noexcept { return m_classes[index(c)].permit_wait; }
 
     /// Class c's configuration and counters (not expected_queue_wait, which
@@ -277,11 +277,11 @@ public:
 private:
     struct class_state {
         workload_class config;
-        int running = 0;                        // guarded by m_mutex
-        int queued = 0;                         // guarded by m_mutex
-        intrusive_fifo<queue_node> waiters;     // guarded by m_mutex
-        std::atomic<int> slots_free{0};         // admission slots; lock-free
-        std::atomic<std::uint64_t> admitted{0};  // relaxed: statistics
+        int running = 0;                                                         // guarded by m_mutex
+        int queued = 0;                                                          // guarded by m_mutex
+        intrusive_fifo<queue_node> waiters;                                      // guarded by m_mutex
+        std::atomic<int> slots_free{0};                                          // admission slots; lock-free
+        std::atomic<std::uint64_t> admitted{0};                                  // relaxed: statistics
         std::array<std::atomic<std::uint64_t>, reject_reason_count> rejected{};  // relaxed: statistics
         running_mean mean_hold;
         log_linear_histogram permit_wait;
@@ -402,5 +402,4 @@ private:
     std::uint64_t m_tickets = 0;  // guarded by m_mutex: arrival order across classes
 };
 
-}  // namespace detail
-}  // namespace bulkhead
+}  // namespace bulkhead::detail

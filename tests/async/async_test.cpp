@@ -809,8 +809,8 @@ TEST_CASE(
     // A second batch coroutine queues, and gives up after the class's 20 ms
     // (it asked for 30 s).
     outcome batch_timed_out;
-    gate.async_transaction({.queue_wait = 30s, .workload = batch}, [](fake_pool::work&) { return 1; },
-                           batch_timed_out.handler());
+    gate.async_transaction(
+        {.queue_wait = 30s, .workload = batch}, [](fake_pool::work&) { return 1; }, batch_timed_out.handler());
     bulkhead_test::await([&] { return batch_timed_out.finished(); });
     CHECK(batch_timed_out.code == reject_reason::admission_timeout);
 
@@ -829,18 +829,19 @@ TEST_CASE(
     std::atomic<int> interactive_order{0};
     asio::cancellation_signal cancel;
     outcome cancelled;
-    gate.async_transaction({.queue_wait = 1s, .workload = batch},
-                           [&](fake_pool::work&) { return batch_order = ++order; }, batch_waiting.handler());
+    gate.async_transaction(
+        {.queue_wait = 1s, .workload = batch}, [&](fake_pool::work&) { return batch_order = ++order; },
+        batch_waiting.handler());
     bulkhead_test::await([&] { return gate.waiting() == 1; });
     outcome interactive_waiting;
-    gate.async_transaction({.queue_wait = 30s, .workload = interactive},
-                           [&](fake_pool::work&) { return interactive_order = ++order; },
-                           interactive_waiting.handler());
+    gate.async_transaction(
+        {.queue_wait = 30s, .workload = interactive}, [&](fake_pool::work&) { return interactive_order = ++order; },
+        interactive_waiting.handler());
     bulkhead_test::await([&] { return gate.waiting() == 2; });
     asio::post(io.executor(), [&] {
-        gate.async_transaction({.queue_wait = 30s, .workload = interactive}, [](fake_pool::work&) { return 1; },
-                               asio::bind_cancellation_slot(cancel.slot(),
-                                                            asio::bind_executor(io.executor(), cancelled.handler())));
+        gate.async_transaction(
+            {.queue_wait = 30s, .workload = interactive}, [](fake_pool::work&) { return 1; },
+            asio::bind_cancellation_slot(cancel.slot(), asio::bind_executor(io.executor(), cancelled.handler())));
     });
     bulkhead_test::await([&] { return gate.waiting() == 3; });
     asio::post(io.executor(), [&] { cancel.emit(asio::cancellation_type::terminal); });

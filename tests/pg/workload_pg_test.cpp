@@ -47,6 +47,7 @@ run_figures batch_against_interactive(gate_t& gate, bulkhead::workload_id intera
     std::atomic<long> batch_done{0};
     std::atomic<int> batch_started{0};
     std::vector<std::thread> callers;
+    callers.reserve(batch_callers);
     for (int i = 0; i < batch_callers; ++i) {
         callers.emplace_back([&] {
             while (!stop.load()) {

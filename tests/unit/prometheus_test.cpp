@@ -140,8 +140,7 @@ TEST_CASE("a gate with workload classes adds per-class families labelled workloa
     CHECK(text.find("bulkhead_workload_reserved_permits{gate=\"orders\",workload=\"interactive\"} 1\n") !=
           std::string::npos);
     CHECK(text.find("bulkhead_workload_ceiling{gate=\"orders\",workload=\"interactive\"} 2\n") != std::string::npos);
-    CHECK(text.find(
-              "bulkhead_workload_permit_wait_seconds_count{gate=\"orders\",workload=\"interactive\"} 1\n") !=
+    CHECK(text.find("bulkhead_workload_permit_wait_seconds_count{gate=\"orders\",workload=\"interactive\"} 1\n") !=
           std::string::npos);
     // The plain gate has no class samples.
     CHECK(text.find("workload=\"default\"") == std::string::npos);

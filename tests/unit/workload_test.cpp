@@ -99,7 +99,7 @@ TEST_CASE("[G10] a gate refuses a plan whose reservations do not fit inside B, s
 
 TEST_CASE("[G10] a plan is checked class by class, each refusal naming the class and the setting", "[G10]") {
     fake_pool pool;
-    const auto refused = [&](workload_plan plan, const std::string& expected) {
+    const auto refused = [&](const workload_plan& plan, const std::string& expected) {
         try {
             const gate_t gate(pool, 4, plan);
         } catch (const std::invalid_argument& error) {
@@ -304,9 +304,8 @@ TEST_CASE("[G2] a stop ends a class's wait, and its slot and place go back", "[G
     holder held(gate);
     REQUIRE(held.take(workload_id{0}));
     std::stop_source stop;
-    auto waiter = std::async(std::launch::async, [&] {
-        return gate.try_enter({.queue_wait = 30s, .stop = stop.get_token()});
-    });
+    auto waiter =
+        std::async(std::launch::async, [&] { return gate.try_enter({.queue_wait = 30s, .stop = stop.get_token()}); });
     bulkhead_test::await([&] { return gate.waiting() == 1; });
     CHECK(gate.available_slots() == 0);
     stop.request_stop();
@@ -335,8 +334,9 @@ TEST_CASE("[G1] the calls running across classes never exceed B, nor a class its
     std::array<std::atomic<int>, 3> most_class{};
     std::atomic<int> completed{0};
     std::atomic<int> refused{0};
-    std::vector<std::thread> callers;
     constexpr int threads = 9;
+    std::vector<std::thread> callers;
+    callers.reserve(threads);
     constexpr int calls = 400;
     for (int t = 0; t < threads; ++t) {
         callers.emplace_back([&, t] {
@@ -389,13 +389,13 @@ TEST_CASE("[G1] the calls running across classes never exceed B, nor a class its
 TEST_CASE("[G1] a resizing limit with classes loses, duplicates and strands no permit", "[G1][G7]") {
     // The scheduler itself, resized as an adaptive limit resizes it, while
     // threads of three classes take and release permits.
-    const workload_plan plan = bulkhead::checked_workload_plan(
-        workload_plan{{
-            workload_class{.name = "a", .reserved = 1},
-            workload_class{.name = "b", .reserved = 1, .ceiling = 3},
-            workload_class{.name = "c", .priority = 3},
-        }},
-        6);
+    const workload_plan plan =
+        bulkhead::checked_workload_plan(workload_plan{{
+                                            workload_class{.name = "a", .reserved = 1},
+                                            workload_class{.name = "b", .reserved = 1, .ceiling = 3},
+                                            workload_class{.name = "c", .priority = 3},
+                                        }},
+                                        6);
     bulkhead::detail::workload_scheduler scheduler(plan, 6);
     std::atomic<int> inside{0};
     std::atomic<int> most{0};
@@ -403,6 +403,7 @@ TEST_CASE("[G1] a resizing limit with classes loses, duplicates and strands no p
     std::atomic<int> shrunk{0};  // shared permits out of circulation now
     std::atomic<int> over{0};    // times inside exceeded the capacity at that moment
     std::vector<std::thread> threads;
+    threads.reserve(6);
     for (int t = 0; t < 6; ++t) {
         threads.emplace_back([&, t] {
             std::minstd_rand random(static_cast<unsigned>(t) + 7U);
