@@ -161,7 +161,11 @@ TEST_CASE("[G10] a call names a class of its gate, or is refused as misuse", "[G
     CHECK(plain.workload("default") == workload_id{0});
     REQUIRE_THROWS_AS(plain.workload("batch"), std::invalid_argument);
     REQUIRE_THROWS_AS(plain.transaction({.workload = workload_id{1}}, [](fake_pool::work&) {}), std::logic_error);
-    CHECK(plain.transaction({.workload = plain.workload("default")}, [](fake_pool::work&) { return 7; }) == 7);
+    // (The id is read before the options are built: a throwing call inside a
+    // designated initializer makes g++ 12 -O1 warn, falsely, of an
+    // uninitialized stop_token.)
+    const workload_id only = plain.workload("default");
+    CHECK(plain.transaction({.workload = only}, [](fake_pool::work&) { return 7; }) == 7);
 }
 
 TEST_CASE("[G2] a class with waiters gets its reserved permits while another holds every shared one", "[G2]") {
