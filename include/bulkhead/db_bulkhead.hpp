@@ -911,6 +911,8 @@ public:
 private:
     friend struct detail::async_access;
 
+    class call_timer;
+
     template <class Work>
     static void check_callable(const Work& work) {
         static_assert(std::is_invocable_v<Work&, work_arg_t>,
@@ -1085,11 +1087,27 @@ private:
     }
 
     /// For a call that found no permit free: true when its deadline, the
-    /// bound of its wait, leaves less time than the expected queue wait, so
-    /// that it would wait only to fail (and the caller opted in).
+    /// bound of its wait, leaves less time than the expected queue wait plus
+    /// what a committed call holds its permit for, so that it would wait,
+    /// or start work, only to fail (and the caller opted in).
     [[nodiscard]] bool deadline_unreachable(const options& call, const permit_wait_limit& limit) const noexcept {
-        return call.reject_unreachable_deadline && limit.deadline_binds &&
-               queue_wait_estimate(limit.workload) > limit.wait;
+        if (!call.reject_unreachable_deadline || !limit.deadline_binds) {
+            return false;
+        }
+        const std::chrono::nanoseconds wait = queue_wait_estimate(limit.workload);
+        return wait.count() > 0 && wait + work_estimate(limit.workload) > limit.wait;
+    }
+
+    /// How long a call of class `workload` (-1: the gate) holds its permit
+    /// when it commits: the class's mean once it has one, else the gate's.
+    [[nodiscard]] std::chrono::nanoseconds work_estimate(int workload) const noexcept {
+        if (workload >= 0) {
+            const std::chrono::nanoseconds own = m_core.m_classes->mean_committed_hold(workload);
+            if (own.count() > 0) {
+                return own;
+            }
+        }
+        return m_metrics.mean_committed_hold();
     }
 
     /// Refuses such a call: the slot goes back, deadline_exceeded, counted
@@ -1217,10 +1235,10 @@ private:
             if (call.deadline != clock::time_point::max()) {
                 transaction_options settings = call.transaction;
                 settings.deadline = call.deadline;
-                return work_on(lease, settings, call, std::forward<Work>(work), started);
+                return work_on(lease, settings, call, std::forward<Work>(work), started, timer);
             }
         }
-        return work_on(lease, call.transaction, call, std::forward<Work>(work), started);
+        return work_on(lease, call.transaction, call, std::forward<Work>(work), started, timer);
     }
 
     /// Stage 4 on a leased connection. Destroyed in reverse order on every
@@ -1228,7 +1246,7 @@ private:
     /// the lease returns the connection, then the caller's permit is released.
     template <class Work>
     work_result_t<Work> work_on(typename Pool::lease& lease, const transaction_options& settings, const options& call,
-                                Work&& work, bool* started) {
+                                Work&& work, bool* started, call_timer& timer) {
         bool began = false;
         try {
             transaction_guard<Pool> guard = begin_transaction(lease, settings, call);
@@ -1242,12 +1260,14 @@ private:
                 cancel_if_stopped(call);
                 refuse_commit_past_deadline(call);
                 guard.commit();
+                timer.committed();
                 m_metrics.completed();
             } else {
                 work_result_t<Work> value = run_callback(lease, guard, call, std::forward<Work>(work));
                 cancel_if_stopped(call);
                 refuse_commit_past_deadline(call);
                 guard.commit();
+                timer.committed();
                 m_metrics.completed();
                 return value;
             }
@@ -1338,8 +1358,14 @@ private:
             }
             m_metrics.call.record(now - m_start);
             m_metrics.permit_held(now - m_permitted);
+            if (m_committed) {
+                m_metrics.committed_hold(now - m_permitted);
+            }
             if (m_workload >= 0) {
                 m_core.m_classes->held(m_workload, now - m_permitted);
+                if (m_committed) {
+                    m_core.m_classes->committed(m_workload, now - m_permitted);
+                }
             }
             m_core.finishing(now, now - m_permitted);
         }
@@ -1348,6 +1374,8 @@ private:
             m_leased = true;
         }
         [[nodiscard]] clock::time_point leased_at() const noexcept { return m_leased_at; }
+        /// The transaction committed: its hold counts as what a call needs.
+        void committed() noexcept { m_committed = true; }
 
     private:
         detail::gate_metrics& m_metrics;
@@ -1357,6 +1385,7 @@ private:
         clock::time_point m_leased_at{};
         int m_workload;  // the call's class, -1 in a plain gate
         bool m_leased = false;
+        bool m_committed = false;
     };
 
     /// Runs the callback. While it runs, a stop request asks the pool to

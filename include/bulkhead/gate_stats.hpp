@@ -102,6 +102,10 @@ struct gate_stats {
     /// permit (from the permit to the connection's return; each finished
     /// transaction weighs 1/16). Zero before the first one finished.
     std::chrono::nanoseconds mean_permit_hold{0};
+    /// The same mean over committed transactions only: what a call needs
+    /// once it has its permit (G8 refuses a call whose deadline leaves less
+    /// than the expected queue wait plus this). Zero before the first commit.
+    std::chrono::nanoseconds mean_committed_hold{0};
     /// How long a call arriving now would wait for its permit:
     /// (queued + 1) x mean_permit_hold / B when no permit is free, else zero.
     std::chrono::nanoseconds expected_queue_wait{0};
@@ -173,6 +177,14 @@ public:
     /// The running mean of permit holds; zero before the first sample.
     [[nodiscard]] std::chrono::nanoseconds mean_permit_hold() const noexcept { return m_mean_hold.get(); }
 
+    /// Folds the permit hold of a committed transaction into its own mean:
+    /// what a call needs once it has its permit, not counting the calls
+    /// that failed or were cut short (their holds are shorter).
+    void committed_hold(std::chrono::nanoseconds held) noexcept { m_mean_committed_hold.add(held); }
+
+    /// The running mean of committed transactions' holds; zero before the first.
+    [[nodiscard]] std::chrono::nanoseconds mean_committed_hold() const noexcept { return m_mean_committed_hold.get(); }
+
     log_linear_histogram permit_wait;
     log_linear_histogram pool_wait;
     log_linear_histogram connection_hold;
@@ -193,6 +205,7 @@ public:
         stats.commit_unknown = read(m_commit_unknown);
         stats.deadline_rejected_early = read(m_deadline_rejected_early);
         stats.mean_permit_hold = mean_permit_hold();
+        stats.mean_committed_hold = mean_committed_hold();
         stats.permit_wait = permit_wait.snapshot();
         stats.pool_wait = pool_wait.snapshot();
         stats.connection_hold = connection_hold.snapshot();
@@ -222,6 +235,7 @@ private:
     std::atomic<std::uint64_t> m_deadline_rejected_early{0};
     // Written by every finished transaction: a line of its own.
     alignas(64) running_mean m_mean_hold;
+    running_mean m_mean_committed_hold;
 };
 
 }  // namespace detail

@@ -246,6 +246,10 @@ public:
         m_classes[index(c)].rejected[static_cast<std::size_t>(reason)].fetch_add(1, std::memory_order_relaxed);
     }
     void held(int c, std::chrono::nanoseconds hold) noexcept { m_classes[index(c)].mean_hold.add(hold); }
+    void committed(int c, std::chrono::nanoseconds hold) noexcept { m_classes[index(c)].committed_hold.add(hold); }
+    [[nodiscard]] std::chrono::nanoseconds mean_committed_hold(int c) const noexcept {
+        return m_classes[index(c)].committed_hold.get();
+    }
     [[nodiscard]] std::chrono::nanoseconds mean_hold(int c) const noexcept {
         return m_classes[index(c)].mean_hold.get();
     }
@@ -284,6 +288,7 @@ private:
         std::atomic<std::uint64_t> admitted{0};                                  // relaxed: statistics
         std::array<std::atomic<std::uint64_t>, reject_reason_count> rejected{};  // relaxed: statistics
         running_mean mean_hold;
+        running_mean committed_hold;
         log_linear_histogram permit_wait;
     };
 

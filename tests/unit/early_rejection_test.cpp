@@ -68,6 +68,17 @@ TEST_CASE(
         CHECK(gate.available_slots() == 4);     // the blocker's slot is the one taken
         CHECK(pool.events().size() == events);  // nothing reached the pool
     }
+    SECTION("a deadline that leaves the queue wait but not the work after it is refused too") {
+        // The wait (one hold) fits, the wait and a committed call's hold do not.
+        const auto committed = gate.stats().mean_committed_hold;
+        CHECK(committed >= 60ms);
+        const auto start = clock_type::now();
+        CHECK_THROWS_AS(
+            gate.transaction({.queue_wait = 10s, .deadline = start + mean + committed / 2}, [](fake_pool::work&) {}),
+            bulkhead::deadline_exceeded);
+        CHECK(clock_type::now() - start < mean);  // refused at once, not after waiting
+        CHECK(early(gate) == 1);
+    }
     SECTION("try_transaction() and try_enter() refuse it the same way") {
         const auto deadline = clock_type::now() + 30ms;
         auto result = gate.try_transaction({.queue_wait = 10s, .deadline = deadline}, [](fake_pool::work&) {});
