@@ -182,11 +182,7 @@ arm_result run_arm(const settings& s, const std::string& conninfo, bool refuse_e
 int main(int argc, char** argv) {
     try {
         const settings s = parse(argc, argv);
-        const char* database = std::getenv("BULKHEAD_TEST_DATABASE");  // NOLINT(concurrency-mt-unsafe): no threads yet
-        if (database == nullptr) {
-            std::cerr << "bulkhead_deadlines_bench: set BULKHEAD_TEST_DATABASE to a libpq connection string\n";
-            return 2;
-        }
+        const std::string database = bulkhead_bench::database_from_env("bulkhead_deadlines_bench");
         std::vector<arm_result> results;
         for (const int deadline_ms : s.deadlines) {
             for (const bool refuse_early : {false, true}) {

@@ -27,6 +27,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <deque>
 #include <latch>
 #include <mutex>
@@ -452,6 +453,18 @@ struct run_summary {
         throw std::invalid_argument(option + " wants a whole number, at least 1, not '" + text.substr(0, 20) + "'");
     }
     return value;
+}
+
+/// The server a PostgreSQL benchmark runs against: BULKHEAD_TEST_DATABASE
+/// (a libpq connection string, as scripts/bench-on-throwaway sets it).
+/// \throws std::runtime_error naming `program` and the variable when it is
+///         not set. Call it before starting any thread.
+[[nodiscard]] inline std::string database_from_env(const std::string& program) {
+    const char* database = std::getenv("BULKHEAD_TEST_DATABASE");  // NOLINT(concurrency-mt-unsafe): no threads yet
+    if (database == nullptr) {
+        throw std::runtime_error(program + ": set BULKHEAD_TEST_DATABASE to a libpq connection string");
+    }
+    return database;
 }
 
 }  // namespace bulkhead_bench

@@ -184,11 +184,7 @@ arm_result run_arm(const settings& s, const std::string& arm, gate_t& gate, bulk
 int main(int argc, char** argv) {
     try {
         const settings s = parse(argc, argv);
-        const char* database = std::getenv("BULKHEAD_TEST_DATABASE");  // NOLINT(concurrency-mt-unsafe): no threads yet
-        if (database == nullptr) {
-            std::cerr << "bulkhead_workloads_bench: set BULKHEAD_TEST_DATABASE to a libpq connection string\n";
-            return 2;
-        }
+        const std::string database = bulkhead_bench::database_from_env("bulkhead_workloads_bench");
         const auto pool_size = static_cast<std::size_t>(s.concurrent);
         std::vector<arm_result> results;
         for (const int batch_callers : s.batch) {
