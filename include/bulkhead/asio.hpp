@@ -167,8 +167,8 @@ struct async_access {
         return gate.m_core.m_workers;
     }
     template <class Gate>
-    static void no_permit_free(Gate& gate) noexcept {
-        gate.m_core.no_permit_free();
+    static void no_permit_free(Gate& gate, const limit_t<Gate>& limit) noexcept {
+        gate.m_core.no_permit_free(limit.workload);
     }
     template <class Gate>
     static void release_slot(Gate& gate, const limit_t<Gate>& limit) noexcept {
@@ -382,7 +382,7 @@ private:
             schedule_work();
             return;
         }
-        async_access::no_permit_free(m_gate);
+        async_access::no_permit_free(m_gate, m_limit);
         if (m_stop.stop_requested()) {
             finish_waiting(wait_status::cancelled);
             return;

@@ -47,8 +47,11 @@
 #include <optional>
 #include <stdexcept>
 #include <stop_token>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace bulkhead {
 
@@ -378,6 +381,23 @@ public:
                                         ": a limit that low could not honour the reservations");
         }
         m_classes = std::make_unique<workload_scheduler>(checked, limit());
+        const bool any_adapts = std::any_of(checked.classes.begin(), checked.classes.end(),
+                                            [](const workload_class& c) { return c.adaptive_floor > 0; });
+        if (any_adapts) {
+            for (const workload_class& c : checked.classes) {
+                m_class_adaptive.push_back(
+                    c.adaptive_floor > 0
+                        ? std::make_unique<adaptive_gate>(adaptive_options{.floor = c.adaptive_floor}, c.ceiling)
+                        : nullptr);
+            }
+        }
+    }
+
+    /// Class `workload`'s adaptive ceiling, or null (a fixed one, or a
+    /// plain gate: -1).
+    [[nodiscard]] adaptive_gate* class_adaptive(int workload) const noexcept {
+        return workload >= 0 && !m_class_adaptive.empty() ? m_class_adaptive[static_cast<std::size_t>(workload)].get()
+                                                          : nullptr;
     }
 
     gate_core(const gate_core&) = delete;
@@ -398,27 +418,40 @@ public:
     /// The permits in circulation: B, or the adaptive limit.
     [[nodiscard]] int limit() const noexcept { return m_adaptive ? m_adaptive->limit() : m_concurrent; }
 
-    /// A call found no permit free: an adaptive limit counts it, and may
-    /// use the moment to reconsider itself.
-    void no_permit_free() noexcept {
+    /// A call (of class `workload`, -1 for none) found no permit free: an
+    /// adaptive limit counts it, and may use the moment to reconsider
+    /// itself; so does the class's adaptive ceiling.
+    void no_permit_free(int workload = -1) noexcept {
         if (m_adaptive) {
             m_adaptive->limited();
             update_limit(std::chrono::steady_clock::now());
         }
+        if (adaptive_gate* adapting = class_adaptive(workload)) {
+            adapting->limited();
+            update_class_limit(*adapting, workload, std::chrono::steady_clock::now());
+        }
     }
 
     /// A call that held its permit for `held` is about to release it.
-    void finishing(std::chrono::steady_clock::time_point now, std::chrono::nanoseconds held) noexcept {
+    void finishing(std::chrono::steady_clock::time_point now, std::chrono::nanoseconds held,
+                   int workload = -1) noexcept {
         if (m_adaptive) {
             m_adaptive->finished(held);
             update_limit(now);
         }
+        if (adaptive_gate* adapting = class_adaptive(workload)) {
+            adapting->finished(held);
+            update_class_limit(*adapting, workload, now);
+        }
     }
 
     /// A call failed in a way that bears on the database's load.
-    void overloaded(overload_kind kind) noexcept {
+    void overloaded(overload_kind kind, int workload = -1) noexcept {
         if (m_adaptive) {
             m_adaptive->overloaded(kind);
+        }
+        if (adaptive_gate* adapting = class_adaptive(workload)) {
+            adapting->overloaded(kind);
         }
     }
 
@@ -432,8 +465,26 @@ public:
     work_threads m_workers{m_concurrent};       // B threads for asynchronous callers' work, started on first use
     remote_releases m_remote;                   // permits released on another thread than the entering one
     std::unique_ptr<adaptive_gate> m_adaptive;  // null: a fixed limit of B
+    // One per class when any class's ceiling adapts (null for a fixed one);
+    // empty otherwise.
+    std::vector<std::unique_ptr<adaptive_gate>> m_class_adaptive;
 
 private:
+    /// A class's ceiling, as adaptive_gate resizes it.
+    struct class_ceiling {
+        workload_scheduler& scheduler;
+        int workload;
+        int limit;
+        [[nodiscard]] std::int64_t balance() const noexcept { return limit - scheduler.of(workload).running; }
+        void release(std::int64_t count) const noexcept { scheduler.grow_ceiling(workload, count); }
+        void shrink(std::int64_t count) const noexcept { scheduler.shrink_ceiling(workload, count); }
+    };
+
+    void update_class_limit(adaptive_gate& adapting, int workload, std::chrono::steady_clock::time_point now) noexcept {
+        class_ceiling ceiling{*m_classes, workload, adapting.limit()};
+        adapting.maybe_update(now, ceiling);
+    }
+
     /// The shared permits of a gate with classes, as adaptive_gate resizes
     /// them.
     struct class_permits {
@@ -903,6 +954,11 @@ public:
             for (int c = 0; c < classes->classes(); ++c) {
                 workload_stats& one = stats.workloads.emplace_back(classes->stats(c));
                 one.expected_queue_wait = expected_queue_wait(workload_id{c});
+                if (const detail::adaptive_gate* adapting = m_core.class_adaptive(c)) {
+                    one.adaptive = true;
+                    one.limit_reason = adapting->reason();
+                    one.limit_changes = adapting->changes();
+                }
             }
         }
         return stats;
@@ -1005,7 +1061,7 @@ private:
         }
         const bool slot = Classed ? m_core.m_classes->try_take_slot(workload) : m_core.m_slots.try_acquire();
         if (!slot) {
-            m_core.no_permit_free();
+            m_core.no_permit_free(workload);
             return refuse_reason(reject_reason::admission_full, workload);
         }
         return limit;
@@ -1153,7 +1209,7 @@ private:
                 }
             }
         } else {
-            m_core.no_permit_free();
+            m_core.no_permit_free(workload);
             if (deadline_unreachable(call, *slot)) {
                 return refuse_unreachable_deadline(*slot);
             }
@@ -1318,22 +1374,22 @@ private:
         } catch (const work_deadline_exceeded&) {
             m_metrics.failed();
             m_metrics.work_deadline_exceeded();
-            m_core.overloaded(overload_kind::timeout);
+            m_core.overloaded(overload_kind::timeout, workload);
         } catch (const commit_unknown&) {
             m_metrics.failed();
             m_metrics.commit_unknown();
         } catch (...) {
             m_metrics.failed();
-            note_overload();
+            note_overload(workload);
         }
     }
 
     /// Inside a catch handler, for an adaptive gate: what the pool says the
     /// failure means for the database's load.
-    void note_overload() noexcept {
+    void note_overload(int workload) noexcept {
         if constexpr (pool_classifies_overload<Pool>) {
-            if (m_core.m_adaptive) {
-                m_core.overloaded(m_pool->classify_overload(std::current_exception()));
+            if (m_core.m_adaptive || m_core.class_adaptive(workload) != nullptr) {
+                m_core.overloaded(m_pool->classify_overload(std::current_exception()), workload);
             }
         }
     }
@@ -1367,7 +1423,7 @@ private:
                     m_core.m_classes->committed(m_workload, now - m_permitted);
                 }
             }
-            m_core.finishing(now, now - m_permitted);
+            m_core.finishing(now, now - m_permitted, m_workload);
         }
         void connection_acquired() noexcept {
             m_leased_at = clock::now();
@@ -1469,14 +1525,14 @@ private:
                 throw_refusal(reject_reason::deadline_exceeded, call);
             }
             count_rejection(reject_reason::pool_timeout, class_of(call));
-            m_core.overloaded(overload_kind::timeout);
+            m_core.overloaded(overload_kind::timeout, class_of(call));
             throw;
         } catch (const rejected& rejection) {
             count_rejection(rejection.reason(), class_of(call));
             throw;
         } catch (...) {
             m_metrics.failed();  // the pool failed otherwise: still one counted outcome
-            note_overload();
+            note_overload(class_of(call));
             throw;
         }
     }

@@ -34,13 +34,19 @@ inline constexpr std::size_t reject_reason_count = 5;
 
 /// One class's figures in gate_stats::workloads.
 struct workload_stats {
-    std::string name;            ///< the class
-    int reserved = 0;            ///< its reserved permits
-    int ceiling = 0;             ///< the most it holds at once
-    int queue = 0;               ///< its waiting room beyond the ceiling
-    int priority = 0;            ///< its rank for shared permits
-    int running = 0;             ///< its calls holding a permit now
-    int queued = 0;              ///< its calls waiting for a permit now
+    std::string name;  ///< the class
+    int reserved = 0;  ///< its reserved permits
+    int ceiling = 0;   ///< the most it holds at once, as configured
+    /// The most it holds at once now: its ceiling, or its adaptive limit
+    /// (in [adaptive_floor, ceiling]) when the class adapts.
+    int limit = 0;
+    bool adaptive = false;                                                  ///< its ceiling adapts
+    bulkhead::limit_reason limit_reason = bulkhead::limit_reason::initial;  ///< why its limit last changed
+    std::uint64_t limit_changes = 0;                                        ///< how often it changed
+    int queue = 0;                                                          ///< its waiting room beyond the ceiling
+    int priority = 0;                                                       ///< its rank for shared permits
+    int running = 0;                                                        ///< its calls holding a permit now
+    int queued = 0;                                                         ///< its calls waiting for a permit now
     int available_slots = 0;     ///< its free admission slots (of ceiling + queue)
     std::uint64_t admitted = 0;  ///< its calls that got a permit
     /// Its calls turned away, by reject_reason (index: static_cast<size_t>(reason)).

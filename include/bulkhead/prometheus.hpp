@@ -259,6 +259,13 @@ private:
         workload_family(out, "bulkhead_workload_ceiling", "gauge",
                         "The most execution permits a workload class holds at once.",
                         [&](const workload_stats& w) { return count(w.ceiling); });
+        workload_family(out, "bulkhead_workload_limit", "gauge",
+                        "The most execution permits a workload class holds at once now: its ceiling, or its "
+                        "adaptive limit.",
+                        [&](const workload_stats& w) { return count(w.limit); });
+        workload_family(out, "bulkhead_workload_limit_changes_total", "counter",
+                        "Changes of a workload class's adaptive limit.",
+                        [](const workload_stats& w) { return w.limit_changes; });
         workload_family(out, "bulkhead_workload_mean_permit_hold_seconds", "gauge",
                         "Running mean of how long a call of a workload class holds its execution permit.",
                         [&](const workload_stats& w) { return seconds(w.mean_permit_hold); });

@@ -11,7 +11,9 @@
 //               without blocking, as the plain gate's B + Q;
 //   queue_wait  the longest any of its calls waits for a permit, whatever the
 //               call asks (nanoseconds::max(): the call's own wait);
-//   priority    its rank for the shared permits (higher first).
+//   priority    its rank for the shared permits (higher first);
+//   adaptive_floor  0: the ceiling is fixed; from 1, the class's ceiling
+//               adapts between this floor and `ceiling` from its own calls.
 //
 // The shared permits are B minus the sum of the reservations. A class takes
 // a reserved permit while it runs fewer than its reservation, else a shared
@@ -29,6 +31,7 @@
 // the policy, the costs and examples.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -58,6 +61,12 @@ struct workload_class {
     std::chrono::nanoseconds queue_wait = std::chrono::nanoseconds::max();
     /// Its rank for the shared permits: a higher priority is served first.
     int priority = 0;
+    /// 0: the ceiling is fixed. From 1: the class's ceiling adapts, as a
+    /// gate's adaptive limit does (adaptive_limit.hpp, default settings),
+    /// between this floor and `ceiling`, from the class's own calls: its
+    /// holds, its waits, its failures. At least the reservation (a class
+    /// always gets its reserved permits) and at most the ceiling.
+    int adaptive_floor = 0;
 
     friend bool operator==(const workload_class&, const workload_class&) = default;
 };
@@ -166,6 +175,11 @@ inline bool valid_workload_name(std::string_view name) noexcept {
         if (c.ceiling < c.reserved) {
             refuse_plan("class \"" + c.name + "\": ceiling " + std::to_string(c.ceiling) + " is below its reserved " +
                         std::to_string(c.reserved));
+        }
+        if (c.adaptive_floor != 0 && (c.adaptive_floor < std::max(c.reserved, 1) || c.adaptive_floor > c.ceiling)) {
+            refuse_plan("class \"" + c.name + "\": adaptive_floor " + std::to_string(c.adaptive_floor) +
+                        " is outside [max(1, reserved " + std::to_string(c.reserved) + "), ceiling " +
+                        std::to_string(c.ceiling) + "] (0: a fixed ceiling)");
         }
         if (c.queue > std::numeric_limits<int>::max() - c.ceiling) {
             throw std::overflow_error("bulkhead workload plan: class \"" + c.name +

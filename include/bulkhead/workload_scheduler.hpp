@@ -80,6 +80,8 @@ public:
         int reserved = 0;
         for (std::size_t c = 0; c < m_count; ++c) {
             m_classes[c].config = plan.classes[c];
+            m_classes[c].ceiling =
+                plan.classes[c].adaptive_floor > 0 ? plan.classes[c].adaptive_floor : plan.classes[c].ceiling;
             m_classes[c].slots_free.store(plan.classes[c].ceiling + plan.classes[c].queue, std::memory_order_relaxed);
             reserved += plan.classes[c].reserved;
         }
@@ -199,6 +201,30 @@ public:
         grant(grantees);
     }
 
+    /// Lowers class c's ceiling by `count` (its adaptive limit shrank):
+    /// calls above it keep their permits; no new one is taken above it.
+    void shrink_ceiling(int c, std::int64_t count) noexcept {
+        const std::lock_guard lock(m_mutex);
+        m_classes[index(c)].ceiling -= static_cast<int>(count);
+    }
+
+    /// Raises class c's ceiling by `count` and serves.
+    void grow_ceiling(int c, std::int64_t count) noexcept {
+        queue_node* grantees = nullptr;
+        {
+            const std::lock_guard lock(m_mutex);
+            m_classes[index(c)].ceiling += static_cast<int>(count);
+            grantees = serve();
+        }
+        grant(grantees);
+    }
+
+    /// Class c's ceiling now (its adaptive limit, or the configured one).
+    [[nodiscard]] int ceiling(int c) const noexcept {
+        const std::lock_guard lock(m_mutex);
+        return m_classes[index(c)].ceiling;
+    }
+
     // --- observations (stale as soon as they return) -------------------------
 
     struct figures {
@@ -228,7 +254,7 @@ public:
         const std::lock_guard lock(m_mutex);
         const class_state& state = m_classes[index(c)];
         const int own = std::max(state.config.reserved - state.running, 0);
-        const int shared = std::max(std::min(state.config.ceiling - state.running, m_shared - m_shared_used), 0);
+        const int shared = std::max(std::min(state.ceiling - state.running, m_shared - m_shared_used), 0);
         return own + shared;
     }
 
@@ -236,7 +262,7 @@ public:
     [[nodiscard]] int usable_by(int c) const noexcept {
         const std::lock_guard lock(m_mutex);
         const class_state& state = m_classes[index(c)];
-        return std::max(std::min(state.config.ceiling, state.config.reserved + std::max(m_shared, 0)), 1);
+        return std::max(std::min(state.ceiling, state.config.reserved + std::max(m_shared, 0)), 1);
     }
 
     // --- per-class statistics ------------------------------------------------
@@ -263,6 +289,7 @@ public:
         out.name = state.config.name;
         out.reserved = state.config.reserved;
         out.ceiling = state.config.ceiling;
+        out.limit = ceiling(c);
         out.queue = state.config.queue;
         out.priority = state.config.priority;
         const figures now = of(c);
@@ -281,11 +308,12 @@ public:
 private:
     struct class_state {
         workload_class config;
-        int running = 0;                                                         // guarded by m_mutex
-        int queued = 0;                                                          // guarded by m_mutex
-        intrusive_fifo<queue_node> waiters;                                      // guarded by m_mutex
-        std::atomic<int> slots_free{0};                                          // admission slots; lock-free
-        std::atomic<std::uint64_t> admitted{0};                                  // relaxed: statistics
+        int ceiling = 0;                         // guarded by m_mutex: config.ceiling, or the class's adaptive limit
+        int running = 0;                         // guarded by m_mutex
+        int queued = 0;                          // guarded by m_mutex
+        intrusive_fifo<queue_node> waiters;      // guarded by m_mutex
+        std::atomic<int> slots_free{0};          // admission slots; lock-free
+        std::atomic<std::uint64_t> admitted{0};  // relaxed: statistics
         std::array<std::atomic<std::uint64_t>, reject_reason_count> rejected{};  // relaxed: statistics
         running_mean mean_hold;
         running_mean committed_hold;
@@ -311,8 +339,7 @@ private:
     // All below: with m_mutex held.
 
     [[nodiscard]] bool can_take(const class_state& state) const noexcept {
-        return state.running < state.config.reserved ||
-               (state.running < state.config.ceiling && m_shared_used < m_shared);
+        return state.running < state.config.reserved || (state.running < state.ceiling && m_shared_used < m_shared);
     }
 
     void take(class_state& state) noexcept {
@@ -373,7 +400,7 @@ private:
             class_state* best = nullptr;
             for (std::size_t c = 0; c < m_count; ++c) {
                 class_state& state = m_classes[c];
-                if (state.waiters.empty() || state.running >= state.config.ceiling) {
+                if (state.waiters.empty() || state.running >= state.ceiling) {
                     continue;
                 }
                 if (best == nullptr || state.config.priority > best->config.priority ||

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <random>
@@ -336,12 +337,13 @@ namespace {
 
 using adaptive_fake_gate = bulkhead::db_bulkhead<bulkhead_test::fake_pool>;
 
-/// Ten callers (caller c in workload class c % classes) keep an adaptive gate
-/// busy while the "database" slows down eight times and recovers: the limit
+/// Ten callers (caller c in workload class c % classes, from class `first`)
+/// keep an adaptive gate busy while the "database" slows down eight times
+/// and recovers: the limit that `limit()` reads (the gate's, or a class's)
 /// must fall below the highest it reached and rise again. Returns the most
 /// callbacks seen running at once; every caller is stopped and joined on
 /// every exit.
-int exercise_fall_and_rise(adaptive_fake_gate& gate, int classes) {
+int exercise_fall_and_rise(adaptive_fake_gate& gate, int classes, const std::function<int()>& limit, int first = 0) {
     std::atomic<int> inside{0};
     std::atomic<int> most{0};
     std::atomic<int> slow{1};  // the work's cost in ms: the "database" slows down and recovers
@@ -351,7 +353,7 @@ int exercise_fall_and_rise(adaptive_fake_gate& gate, int classes) {
     callers.reserve(10);
     for (int c = 0; c < 10; ++c) {
         callers.emplace_back([&, c] {
-            const bulkhead::workload_id workload{c % classes};
+            const bulkhead::workload_id workload{first + c % classes};
             while (running.load()) {
                 (void)gate.try_transaction({.queue_wait = 200ms, .workload = workload},
                                            [&](bulkhead_test::fake_pool::work&) {
@@ -384,7 +386,7 @@ int exercise_fall_and_rise(adaptive_fake_gate& gate, int classes) {
     int peak = 0;
     REQUIRE(bulkhead_test::eventually(
         [&] {
-            peak = std::max(peak, gate.limit());
+            peak = std::max(peak, limit());
             return peak >= 3;
         },
         20s));
@@ -392,12 +394,12 @@ int exercise_fall_and_rise(adaptive_fake_gate& gate, int classes) {
     int lowest = peak;
     REQUIRE(bulkhead_test::eventually(
         [&] {
-            lowest = std::min(lowest, gate.limit());
+            lowest = std::min(lowest, limit());
             return lowest < peak;
         },
         20s));
     slow.store(1);
-    REQUIRE(bulkhead_test::eventually([&] { return gate.limit() > lowest; }, 20s));
+    REQUIRE(bulkhead_test::eventually([&] { return limit() > lowest; }, 20s));
     running.store(false);
     for (std::thread& caller : callers) {
         caller.join();
@@ -413,7 +415,7 @@ TEST_CASE("[G7] an adaptive gate whose limit falls and rises with waiters queued
     bulkhead_test::fake_pool pool;
     constexpr int ceiling = 6;
     adaptive_fake_gate gate(pool, ceiling, 64, adaptive_options{.floor = 1, .interval = 20ms});
-    const int most = exercise_fall_and_rise(gate, 1);
+    const int most = exercise_fall_and_rise(gate, 1, [&] { return gate.limit(); });
     const bulkhead::gate_stats stats = gate.stats();
     INFO("changes " << stats.limit_changes);
     bulkhead_test::check_every_permit_back(stats, gate.limit(), most, ceiling, 64);
@@ -429,7 +431,7 @@ TEST_CASE("[G7] an adaptive gate with workload classes moves only the shared per
     }};
     adaptive_fake_gate gate(pool, ceiling, plan, adaptive_options{.floor = 2, .interval = 20ms});
     CHECK(gate.limit() == 2);  // it starts at the floor: the reservations
-    const int most = exercise_fall_and_rise(gate, 2);
+    const int most = exercise_fall_and_rise(gate, 2, [&] { return gate.limit(); });
     const bulkhead::gate_stats stats = gate.stats();
     INFO("changes " << stats.limit_changes);
     // The classes' slots are ceiling + queue each: (6 + 32) x 2 stand for B + Q.
@@ -438,4 +440,45 @@ TEST_CASE("[G7] an adaptive gate with workload classes moves only the shared per
     CHECK(stats.workloads[0].admitted > 0);
     CHECK(stats.workloads[1].admitted > 0);
     CHECK(stats.workloads[0].admitted + stats.workloads[1].admitted == stats.admitted);
+}
+
+TEST_CASE("[G7] a class whose ceiling adapts falls and rises with its own calls, the other class untouched",
+          "[G7][G6][G2][adaptive]") {
+    bulkhead_test::fake_pool pool;
+    constexpr int concurrent = 8;
+    const bulkhead::workload_plan plan{{
+        bulkhead::workload_class{.name = "interactive", .reserved = 2, .queue = 8},
+        bulkhead::workload_class{.name = "batch", .ceiling = 6, .queue = 32, .adaptive_floor = 1},
+    }};
+    adaptive_fake_gate gate(pool, concurrent, plan);
+    const auto batch_limit = [&] { return gate.stats().workloads[1].limit; };
+    CHECK(batch_limit() == 1);  // it starts at its floor
+    CHECK(gate.stats().workloads[1].adaptive);
+    CHECK_FALSE(gate.stats().workloads[0].adaptive);
+    int ceiling_seen = 0;
+    const int most = exercise_fall_and_rise(
+        gate, 1,
+        [&] {
+            const int now = batch_limit();
+            ceiling_seen = std::max(ceiling_seen, now);
+            return now;
+        },
+        1);
+    const bulkhead::gate_stats stats = gate.stats();
+    INFO("batch changes " << stats.workloads[1].limit_changes << ", reason "
+                          << bulkhead::to_string(stats.workloads[1].limit_reason));
+    CHECK(most <= 6);          // never above the class's configured ceiling (G6)
+    CHECK(ceiling_seen <= 6);  // nor its limit
+    CHECK(stats.workloads[1].limit >= 1);
+    CHECK(stats.workloads[1].limit_changes >= 2);
+    CHECK(stats.workloads[0].limit == concurrent);  // interactive's ceiling is fixed (0 means B)
+    // Every permit and slot came back; interactive still has its reservation.
+    CHECK(stats.running == 0);
+    CHECK(stats.queued == 0);
+    CHECK(stats.available == concurrent);
+    CHECK(gate.available_slots() == (8 + 8) + (6 + 32));
+    const auto first = gate.try_enter({.task = &pool, .workload = bulkhead::workload_id{0}});
+    const auto second = gate.try_enter({.task = &gate, .workload = bulkhead::workload_id{0}});
+    CHECK(first);
+    CHECK(second);
 }
