@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Checks the Promela model of fifo_semaphore exhaustively with spin.
+# Checks a Promela model of tests/model exhaustively with spin.
 #
-#   tests/model/check.sh [-D NAME[=VALUE]]... [--expect-violation]
+#   tests/model/check.sh [--model NAME] [-D NAME[=VALUE]]... [--expect-violation]
 #
+# --model NAME checks tests/model/NAME.pml: fifo_semaphore (the default) or
+# workload_scheduler.
 # Generates the verifier (spin -a) in a temporary directory, compiles it
 # (-DSAFETY: assertions and invalid end states, every reachable state),
 # runs it and prints its report. Without --expect-violation it exits 0 only
@@ -11,7 +13,7 @@
 # lines of the counterexample.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-model="${here}/fifo_semaphore.pml"
+model_name=fifo_semaphore
 defines=()
 expect_violation=0
 while (($#)); do
@@ -19,9 +21,16 @@ while (($#)); do
         -D) defines+=("-D$2"); shift 2 ;;
         -D*) defines+=("$1"); shift ;;
         --expect-violation) expect_violation=1; shift ;;
+        --model) model_name="$2"; shift 2 ;;
+        --model=*) model_name="${1#--model=}"; shift ;;
         *) printf 'check.sh: unknown argument %s\n' "$1" >&2; exit 2 ;;
     esac
 done
+model="${here}/${model_name}.pml"
+if [[ "${model_name}" == */* || ! -f "${model}" ]]; then
+    printf 'check.sh: no model %s in %s\n' "${model_name}" "${here}" >&2
+    exit 2
+fi
 for tool in spin cc; do
     if ! command -v "${tool}" >/dev/null 2>&1; then
         printf 'check.sh: %s not found; install it with scripts/install-deps (Debian package spin)\n' "${tool}" >&2
@@ -61,7 +70,7 @@ if ((expect_violation)); then
         exit 1
     fi
     printf 'check.sh: RESULT: violation found, as expected; counterexample (its last steps):\n'
-    spin "${defines[@]}" -t -p -g model.pml 2>&1 | grep -E 'assertion violated|invalid end state|proc +[0-9]+ \((worker|stopper|async_waiter|canceller|resizer):' | tail -n 25 || true
+    spin "${defines[@]}" -t -p -g model.pml 2>&1 | grep -E 'assertion violated|invalid end state|proc +[0-9]+ \((worker|stopper|async_waiter|canceller|resizer|caller):' | tail -n 25 || true
     exit 0
 fi
 if ((errors != 0)); then
