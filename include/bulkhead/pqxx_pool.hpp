@@ -8,6 +8,7 @@
 // target bulkhead::pqxx does). The parts, each with its own guarantees:
 //   pqxx/conninfo.hpp          connection strings and redaction (no libpq)
 //   pqxx/options.hpp           pqxx_pool_options and their validation
+//   pqxx/connection_budget.hpp the fleet's connection budget, read from the server
 //   pqxx/compat.hpp            every libpqxx 6 / 7 difference
 //   pqxx/protocol.hpp          the transaction protocol on libpq's PGconn*
 //   pqxx/transaction.hpp       the gate's transaction on a libpqxx connection
@@ -82,6 +83,7 @@
 #include <bulkhead/db_bulkhead.hpp>
 #include <bulkhead/error.hpp>
 #include <bulkhead/pool_stats.hpp>
+#include <bulkhead/pqxx/connection_budget.hpp>
 #include <bulkhead/pqxx/conninfo.hpp>
 #include <bulkhead/pqxx/options.hpp>
 #include <bulkhead/pqxx/pool_core.hpp>
@@ -251,6 +253,11 @@ public:
     ///         complaint (passwords removed) when libpq cannot parse it
     ///         (PQconninfoParse: syntax and keywords; values such as a port
     ///         number are checked when connecting). Nothing is opened then.
+    ///         With budget_check = refuse: connection_budget_exceeded when the
+    ///         fleet does not fit, connection_budget_unavailable when the
+    ///         budget cannot be read (messages without a password); with
+    ///         warn, whatever on_budget_warning throws. The check runs before
+    ///         anything else is built or opened.
     explicit pqxx_pool(pqxx_pool_options options) : m_core(make_core(std::move(options))) { m_core->open_min_idle(); }
 
     pqxx_pool(const pqxx_pool&) = delete;
@@ -442,6 +449,14 @@ public:
     /// failures, acquire timeouts.
     [[nodiscard]] pool_stats stats() const noexcept { return m_core->stats(); }
 
+    /// The connection budget now, for this pool's fleet (options().fleet,
+    /// its application_prefix defaulting to application_name) and max_size,
+    /// read on a connection of its own within connection_timeout; whatever
+    /// budget_check says. For a health endpoint or a log line.
+    /// 	hrows connection_budget_unavailable as read_connection_budget();
+    ///         std::invalid_argument when the fleet plan is out of range.
+    [[nodiscard]] connection_budget read_budget() const { return read_fleet_budget(m_core->options()); }
+
 private:
     /// One attempt of begin().
     transaction begin_on(lease& held, const transaction_options& options) {
@@ -548,7 +563,48 @@ private:
 
     static std::shared_ptr<detail::pool_core> make_core(pqxx_pool_options options) {
         detail::check_options(options);  // before anything is built
+        check_budget(options);
         return std::make_shared<detail::pool_core>(std::move(options));
+    }
+
+    /// The budget for `options`' fleet, read as the pool connects (its
+    /// application_name and TCP settings) within connection_timeout.
+    static connection_budget read_fleet_budget(const pqxx_pool_options& options) {
+        fleet_plan plan = options.fleet;
+        if (plan.application_prefix.empty()) {
+            plan.application_prefix = options.application_name;
+        }
+        return read_connection_budget(detail::make_connect_target(options.conninfo, options.application_name).base,
+                                      options.max_size, plan, options.connection_timeout);
+    }
+
+    /// The start-up check of budget_check (pqxx_pool_options).
+    static void check_budget(const pqxx_pool_options& options) {
+        if (options.budget_check == budget_check_mode::off) {
+            return;
+        }
+        const bool refuse = options.budget_check == budget_check_mode::refuse;
+        std::optional<connection_budget> budget;
+        try {
+            budget = read_fleet_budget(options);
+        } catch (const connection_budget_unavailable& failure) {
+            if (refuse) {
+                throw;
+            }
+            options.on_budget_warning(budget_warning{std::nullopt, failure.what()});
+            return;
+        }
+        if (budget->fits()) {
+            return;
+        }
+        // Scrubbed as well: role and application names come from the server.
+        std::string message = detail::scrub(
+            "bulkhead::pqxx_pool: the fleet does not fit the server's connection budget:\n" + budget->explain(),
+            detail::budget_secrets(options.conninfo));
+        if (refuse) {
+            throw connection_budget_exceeded(std::move(*budget), message);
+        }
+        options.on_budget_warning(budget_warning{std::move(budget), std::move(message)});
     }
 
     /// Shortens the timeouts of `options` to the time left before its

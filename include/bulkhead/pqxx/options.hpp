@@ -8,6 +8,7 @@
 #pragma once
 
 #include <bulkhead/pool_stats.hpp>
+#include <bulkhead/pqxx/connection_budget.hpp>
 #include <bulkhead/pqxx/conninfo.hpp>
 
 #include <libpq-fe.h>
@@ -91,6 +92,25 @@ struct pqxx_pool_options {
     /// set from the deadline, normally ends the statement first. At least
     /// 10 ms.
     std::chrono::milliseconds deadline_slack{250};
+    /// The start-up check of the fleet's connection budget
+    /// (connection_budget.hpp, docs/tuning.md): before anything else, the
+    /// constructor reads the budget on a connection of its own (bounded by
+    /// connection_timeout) for a fleet of `fleet` whose instances each hold a
+    /// pool of max_size. off: nothing is read. warn: on_budget_warning is
+    /// called when the fleet does not fit or the budget cannot be read, and
+    /// the pool starts. refuse: the constructor throws
+    /// connection_budget_exceeded (the message shows the arithmetic) or
+    /// connection_budget_unavailable (the server could not be asked: the
+    /// check cannot vouch for the fleet). No password in either.
+    budget_check_mode budget_check = budget_check_mode::off;
+    /// The fleet for budget_check. An empty application_prefix means this
+    /// pool's application_name: sessions that carry it (or start with it)
+    /// are the fleet's.
+    fleet_plan fleet{};
+    /// Called by budget_check = warn, on the constructor's thread, with the
+    /// budget and its arithmetic; required for warn. May throw: the
+    /// constructor then throws it.
+    std::function<void(const budget_warning&)> on_budget_warning{};
 };
 
 /// Transaction isolation levels (PostgreSQL's; READ UNCOMMITTED behaves as
@@ -164,6 +184,21 @@ inline void check_options(const pqxx_pool_options& options) {
     at_least("deadline_slack", options.deadline_slack, 10);
     if (options.application_name.find('\0') != std::string::npos) {
         fail("application_name must not contain a NUL character");
+    }
+    if (options.budget_check != budget_check_mode::off) {
+        if (options.budget_check == budget_check_mode::warn && !options.on_budget_warning) {
+            fail("budget_check = warn needs an on_budget_warning hook");
+        }
+        fleet_plan plan = options.fleet;
+        if (plan.application_prefix.empty()) {
+            plan.application_prefix = options.application_name;
+        }
+        if (plan.instances == 0 && plan.application_prefix.empty()) {
+            fail(
+                "budget_check with fleet.instances = 0 (counted live) needs fleet.application_prefix or an "
+                "application_name");
+        }
+        check_fleet_plan(options.max_size, plan);
     }
 }
 

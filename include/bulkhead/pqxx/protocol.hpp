@@ -31,6 +31,7 @@
 #pragma once
 
 #include <bulkhead/detail/detached_threads.hpp>
+#include <bulkhead/detail/socket_wait.hpp>
 #include <bulkhead/pqxx/conninfo.hpp>
 #include <bulkhead/pqxx/options.hpp>
 
@@ -60,7 +61,6 @@
 #if defined(_WIN32)
 #include <winsock2.h>
 #else
-#include <poll.h>
 #include <sys/socket.h>
 #endif
 
@@ -107,38 +107,6 @@ enum class commit_status : std::uint8_t { committed, aborted, unknown };
     query.append(server_version >= 130000 ? "('" : "(").append(std::to_string(xid));
     query.append(server_version >= 130000 ? "'::xid8)" : ")");
     return query;
-}
-
-/// Waits until `socket` is ready to read (an answer, an error, or the end
-/// of the connection), or to write when `for_writing`, or `deadline`
-/// passes. False on timeout or failure.
-inline bool wait_socket(int socket, bool for_writing, std::chrono::steady_clock::time_point deadline) noexcept {
-    if (socket < 0) {
-        return false;
-    }
-    for (;;) {
-        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-        const int wait_ms = static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, INT_MAX));
-#if defined(_WIN32)
-        WSAPOLLFD entry{static_cast<SOCKET>(socket), static_cast<SHORT>(for_writing ? POLLWRNORM : POLLRDNORM), 0};
-        const int ready = ::WSAPoll(&entry, 1, wait_ms);
-#else
-        pollfd entry{socket, static_cast<short>(for_writing ? POLLOUT : POLLIN), 0};
-        const int ready = ::poll(&entry, 1, wait_ms);
-#endif
-        if (ready > 0) {
-            return true;
-        }
-        if (ready == 0) {
-            if (wait_ms == 0) {
-                return false;
-            }
-            continue;  // woke a little early: the loop re-reads the clock
-        }
-        if (errno != EINTR) {
-            return false;
-        }
-    }
 }
 
 /// Waits until `socket` has something to read, or `deadline` passes.
