@@ -507,8 +507,8 @@ inline std::string connection_budget::explain() const {
     for (const session_group& group : sessions) {
         total += group.sessions;
     }
-    text += "connected now: " + number(total) +
-            " client sessions (not counting the reading one): " + number(fleet_sessions_now()) + " of the fleet";
+    text += "connected now: " + number(total) + (total == 1 ? " client session" : " client sessions") +
+            " (not counting the reading one): " + number(fleet_sessions_now()) + " of the fleet";
     if (!plan.application_prefix.empty()) {
         text += " (application_name " + detail::quoted_name(plan.application_prefix + "*") + ")";
     }
