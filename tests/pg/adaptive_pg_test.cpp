@@ -135,7 +135,15 @@ void slow_down_and_recover(const std::string& name, const std::string& statement
         static_cast<long long>(floor.count()), quiet, static_cast<long long>(rose.count()),
         static_cast<unsigned long long>(stats.limit_changes), load.failed());
     CHECK(fell <= 2s);  // G3
-    CHECK(why == expected);
+    // The first fall comes from the expected rule, or from the latency rule:
+    // the calls that finished in the interval the lock arrived in, or the
+    // CPU of a busy machine (CI's dev stage runs beside other builds), can
+    // take the mean hold past 1.5 x the baseline before a whole interval
+    // stalls or times out (seen: "latency" at 261 ms, then the floor at
+    // 523 ms). Each rule alone is proven on simulated intervals
+    // (tests/unit/adaptive_limit_test.cpp); here the server's slowdown must
+    // lower the limit in time, for a reason that says the database slowed.
+    CHECK((why == expected || why == bulkhead::limit_reason::latency));
     CHECK(rose <= 5s);  // G4
     CHECK(stats.running == 0);
     CHECK(stats.queued == 0);
