@@ -1,7 +1,8 @@
 // bulkhead: the core, in one include.
 //
 // Everything but the libpqxx pool: the FIFO semaphore, the admission counter,
-// the error family and db_bulkhead<Pool>. Needs nothing but a C++20 compiler
+// the error family, db_bulkhead<Pool>, its workload classes and their text
+// format. Needs nothing but a C++20 compiler
 // and the standard library. For the libpqxx-backed pool include
 // <bulkhead/pqxx_pool.hpp> as well.
 #pragma once
@@ -12,3 +13,5 @@
 #include <bulkhead/fifo_semaphore.hpp>
 #include <bulkhead/result.hpp>
 #include <bulkhead/version.hpp>
+#include <bulkhead/workload.hpp>
+#include <bulkhead/workload_config.hpp>

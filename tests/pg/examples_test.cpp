@@ -85,6 +85,29 @@ TEST_CASE("[G2] examples/workloads keeps interactive's reservation while batch s
     CHECK(run.exited_zero());
 }
 
+TEST_CASE("[G10] examples/workloads reads its plan from BULKHEAD_WORKLOADS and prints it, or refuses it by name",
+          "[pg][examples][G10]") {
+    const std::string workloads = require_example(BULKHEAD_WORKLOADS_PATH, "workloads");
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): no other thread runs here (every test joins its threads)
+    REQUIRE(::setenv("DB_URL", bulkhead_test::conninfo().c_str(), 1) == 0);
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): as above
+    REQUIRE(::setenv("BULKHEAD_WORKLOADS", "interactive reserved=1 queue=8; batch ceiling=2 queue=8", 1) == 0);
+    const bulkhead_test::program_result run = bulkhead_test::run_program(workloads);
+    INFO(run.output);
+    CHECK_THAT(run.output, Catch::Matchers::ContainsSubstring("interactive: reserved=1 ceiling=4 admitted=20"));
+    CHECK_THAT(run.output, Catch::Matchers::ContainsSubstring("batch: reserved=0 ceiling=2"));
+    CHECK_THAT(run.output, Catch::Matchers::ContainsSubstring("reservation kept\n"));
+    CHECK(run.exited_zero());
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): as above
+    REQUIRE(::setenv("BULKHEAD_WORKLOADS", "interactive reserved=5; batch", 1) == 0);
+    const bulkhead_test::program_result refused = bulkhead_test::run_program(workloads, "2>&1");
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): as above
+    REQUIRE(::unsetenv("BULKHEAD_WORKLOADS") == 0);
+    INFO(refused.output);
+    CHECK_THAT(refused.output, Catch::Matchers::ContainsSubstring("do not fit inside B = 4"));
+    CHECK_FALSE(refused.exited_zero());
+}
+
 TEST_CASE("examples/metrics_server serves an exposition that passes the format check", "[pg][examples][prometheus]") {
     const std::string server = require_example(BULKHEAD_METRICS_SERVER_PATH, "metrics_server");
     // NOLINTNEXTLINE(concurrency-mt-unsafe): no other thread runs here (every test joins its threads)
