@@ -16,15 +16,51 @@
 //   2. timeouts or conflicts above error_rate of the finished calls: L x 3/4;
 //   3. calls inside and none finished for an interval longer than
 //      tolerance x the baseline: stalled, L x 1/2;
-//   4. the mean permit hold over tolerance x the baseline: L x
-//      tolerance / ratio, kept within [1/2, 9/10] (the further off, the
-//      faster down);
+//   4. the mean permit hold over throughput_tolerance x the baseline, or
+//      over tolerance x the baseline at a limit that rule 5b has not
+//      vouched for: L x tolerance / ratio, kept within [1/2, 9/10] (the
+//      further off, the faster down); a rule-5b step still being judged
+//      goes back to where it started instead;
 //   5. the mean hold within headroom x the baseline and the limit was
 //      reached (a call found no permit free): L x 2 until the first
 //      decrease (a slow start from the floor, where the gate begins, so
 //      that the baseline is learnt uncongested), L + max(1, L/4) after;
+//   5b. (throughput) the mean hold between headroom and
+//      throughput_tolerance x the baseline: a step up is judged on the
+//      mean of the two intervals after it, against the calls finished per
+//      second at the limit before it:
+//      - the extra permits went unused (the calls in flight on average,
+//        the permit holds over the interval's length, rose by less than
+//        half the added permits, or no call found a permit lacking): no
+//        conclusion; a rule-5b step is undone, a rule-5 step kept;
+//      - they bought at least 1/4 x the step's proportion more calls per
+//        second (but no less than 5 % and no more than 10 % is asked):
+//        the new limit is vouched for (rule 4's tolerance does not apply
+//        to it, nor to a limit below it that rule 4 cuts to; every 16
+//        intervals without a new gain the vouch steps down by a fifth),
+//        and rule 5b steps on;
+//      - they were used and bought less: no_gain; a rule-5b step goes
+//        back (a rule-5 step stays: the latency rules allowed it), and
+//        rule 5b waits 8 intervals before it steps again;
+//      with no step pending, limited and at least 3/4 of the permits busy
+//      on average, rule 5b steps up by max(1, L/4), but not beyond
+//      L x throughput_tolerance / ratio (where the hold would reach the
+//      bound if it grew in proportion, as it does once throughput is
+//      flat), one permit at least; at the floor, where rule 4 has nothing
+//      to cut, it may step with the hold above the tolerance;
 //   6. otherwise L stays.
 // L is always rounded and clamped to [floor, ceiling] (G6).
+//
+// Rule 5b exists for a CPU-bound server shared by callers, backends and
+// neighbours: every call in flight lengthens every call while throughput
+// still grows, so the hold passes the headroom long before the server is
+// saturated, and the latency rules alone stop early. Rule 5b accepts a
+// rise in latency that buys throughput, up to throughput_tolerance (2x:
+// the calls' latency stays within about twice what they cost uncongested),
+// and backs off when a larger limit bought none. It never stands in the
+// way of the latency rules: rule 5's growth comes first, a verdict
+// concludes only from permits that were used, and only rule 5b's own steps
+// are taken back.
 //
 // The baseline is what a call costs when the database is not congested.
 // It follows a lower mean fast (half-way per interval), and a higher one
@@ -58,16 +94,18 @@ namespace bulkhead {
 
 /// Why the adaptive limit last changed.
 enum class limit_reason : std::uint8_t {
-    initial,    ///< not changed since the gate was built: L is the floor
-    saturated,  ///< the server reported a saturation error (SQLSTATE class 53)
-    errors,     ///< timeouts (57014, 55P03) or conflicts (40001, 40P01) above the error rate
-    stalled,    ///< calls inside and none finished for longer than tolerance x the baseline
-    latency,    ///< the mean permit hold rose above tolerance x the baseline
-    recovered,  ///< the mean permit hold is back near the baseline and the limit was reached
+    initial,     ///< not changed since the gate was built: L is the floor
+    saturated,   ///< the server reported a saturation error (SQLSTATE class 53)
+    errors,      ///< timeouts (57014, 55P03) or conflicts (40001, 40P01) above the error rate
+    stalled,     ///< calls inside and none finished for longer than tolerance x the baseline
+    latency,     ///< the mean permit hold rose above tolerance x the baseline
+    recovered,   ///< the mean permit hold is back near the baseline and the limit was reached
+    throughput,  ///< the last step up bought throughput: the limit grows on, past the headroom
+    no_gain,     ///< a step up whose extra permits were used bought no throughput: back to the limit before it
 };
 
 /// The number of limit_reason values.
-inline constexpr std::size_t limit_reason_count = 6;
+inline constexpr std::size_t limit_reason_count = 8;
 
 /// A short, stable, lower-case name for `reason` ("latency", ...), for
 /// metric labels and logs.
@@ -85,6 +123,10 @@ inline constexpr std::size_t limit_reason_count = 6;
             return "latency";
         case limit_reason::recovered:
             return "recovered";
+        case limit_reason::throughput:
+            return "throughput";
+        case limit_reason::no_gain:
+            return "no_gain";
     }
     return "unknown";
 }
@@ -120,6 +162,13 @@ struct adaptive_options {
     /// Fewer finished calls than this in an interval say nothing about the
     /// latency (the stall and error rules still apply). At least 1.
     int min_samples = 3;
+    /// A mean permit hold up to throughput_tolerance x the baseline is
+    /// accepted while each step up of the limit buys throughput (rule 5b of
+    /// the file comment); above it the latency rule cuts whatever the
+    /// throughput. At least headroom (equal to it: no throughput rule, the
+    /// latency rules alone); 2 by default, so that the calls' latency stays
+    /// within about twice what they cost uncongested.
+    double throughput_tolerance = 2.0;
 };
 
 /// What the gate saw in one interval, given to limit_controller::update().
@@ -197,15 +246,156 @@ private:
         const double mean = static_cast<double>(sample.held.count()) / finished;
         const double ratio = mean / m_baseline_ns;
         follow_baseline(mean, ratio, sample.limited);
-        if (ratio > m_options.tolerance) {
-            return scale(std::clamp(m_options.tolerance / ratio, 0.5, 0.9), limit_reason::latency);
+        const interval_figures now = figures(sample);
+        const verdict said = judge_probe();
+        if (m_cooldown > 0) {
+            --m_cooldown;
         }
-        if (ratio <= m_options.headroom && sample.limited && m_limit < m_ceiling) {
-            // Doubling until the first sign of congestion, then by a quarter.
-            set(m_slow_start ? m_limit * 2 : m_limit + std::max(1, m_limit / 4));
-            return limit_reason::recovered;
+        if (m_vouch_left > 0 && --m_vouch_left == 0) {
+            // A step down, to be earned again: one lucky interval must not
+            // hold a limit for good, nor one lapse undo every step.
+            m_vouched = m_vouched * 4 / 5;
+            m_vouch_left = m_vouched > 0 ? vouch_intervals : 0;
+        }
+        if (said == verdict::gain) {
+            m_vouched = m_limit;
+            m_vouch_left = vouch_intervals;
+        } else if (said == verdict::no_gain) {
+            m_cooldown = probe_pause;  // whichever rule acts now: no rule-5b step for a while
+        }
+        // A rule-5b step is judged before the tolerance applies to it, and
+        // at the floor, where rule 4 has nothing to cut, rule 5b may try a
+        // step; the throughput tolerance always applies.
+        const bool judging = said == verdict::pending && m_probe_was_5b;
+        if (ratio > m_options.throughput_tolerance ||
+            (ratio > m_options.tolerance && m_limit > m_vouched && !judging && m_limit > m_options.floor)) {
+            if (said != verdict::none && said != verdict::gain && m_probe_was_5b) {
+                // Rule 5b's step went too far, or bought nothing: back to
+                // where it started.
+                m_slow_start = false;
+                m_cooldown = probe_pause;
+                set(m_probe_back);
+                return said == verdict::no_gain ? limit_reason::no_gain : limit_reason::latency;
+            }
+            const int vouched = m_vouched;
+            const limit_reason reason = scale(std::clamp(m_options.tolerance / ratio, 0.5, 0.9), limit_reason::latency);
+            // Below the limit that was too slow, what bought throughput still did.
+            m_vouched = std::min(vouched, m_limit);
+            return reason;
+        }
+        if (ratio <= m_options.headroom) {
+            // The latency rules' growth: never held back by the throughput rule.
+            if (sample.limited && m_limit < m_ceiling) {
+                // Doubling until the first sign of congestion, then by a quarter.
+                grow(m_slow_start ? m_limit * 2 : m_limit + std::max(1, m_limit / 4), now, false);
+                return limit_reason::recovered;
+            }
+            return m_reason;
+        }
+        // Rule 5b: headroom < ratio <= throughput_tolerance (and within the
+        // tolerance unless this limit bought throughput).
+        if (said == verdict::no_gain && m_probe_was_5b) {
+            m_slow_start = false;
+            set(m_probe_back);
+            return limit_reason::no_gain;
+        }
+        if (said == verdict::unused && m_probe_was_5b) {
+            set(m_probe_back);  // rule 5b's step said nothing: undone, not judged
+            return m_reason;
+        }
+        if (said == verdict::pending) {
+            return m_reason;
+        }
+        // A step of a quarter, but no further than where the hold would
+        // reach throughput_tolerance x the baseline if it grew in proportion
+        // (as it does once throughput is flat); one permit at least (a
+        // step that goes too far is back after one interval).
+        const auto bound =
+            static_cast<int>(std::floor(static_cast<double>(m_limit) * m_options.throughput_tolerance / ratio));
+        const int next = std::max(m_limit + 1, std::min(m_limit + std::max(1, m_limit / 4), bound));
+        if (sample.limited && next > m_limit && m_cooldown == 0 && now.occupancy >= busy * m_limit) {
+            grow(next, now, true);
+            return limit_reason::throughput;
         }
         return m_reason;
+    }
+
+    /// Rule 5b's figures of one interval.
+    struct interval_figures {
+        double rate = 0.0;       // calls finished per second
+        double occupancy = 0.0;  // calls in flight on average: the permit holds over the interval's length
+        bool limited = false;
+    };
+
+    /// What the step up taken at the last update says, judged in the
+    /// interval after it.
+    enum class verdict : std::uint8_t {
+        none,     // no step pending
+        pending,  // too few intervals at the new limit yet
+        unused,   // the extra permits were not used: no conclusion
+        gain,     // they bought throughput
+        no_gain,  // they were used and bought none
+    };
+
+    /// This interval's figures, folded into those of the current limit:
+    /// the mean of its first intervals, then a moving average over about
+    /// the last averaged_intervals (one interval's rate is too noisy to
+    /// judge a step by).
+    interval_figures figures(const interval_sample& sample) noexcept {
+        interval_figures result;
+        const auto seconds = std::chrono::duration<double>(sample.length).count();
+        if (seconds > 0.0) {
+            result.rate = static_cast<double>(std::max<std::int64_t>(sample.calls, 0)) / seconds;
+            result.occupancy = std::chrono::duration<double>(sample.held).count() / seconds;
+        }
+        result.limited = sample.limited;
+        if (m_figures_limit != m_limit) {
+            m_figures_limit = m_limit;
+            m_figures_count = 0;
+            m_figures = interval_figures{.limited = true};
+        }
+        m_figures_count = std::min(m_figures_count + 1, averaged_intervals);
+        const auto weight = 1.0 / static_cast<double>(m_figures_count);
+        m_figures.rate += (result.rate - m_figures.rate) * weight;
+        m_figures.occupancy += (result.occupancy - m_figures.occupancy) * weight;
+        m_figures.limited = m_figures.limited && result.limited;
+        return m_figures;
+    }
+
+    /// Judges the step from m_probe_back to m_limit taken at the last
+    /// update, once, and forgets it.
+    verdict judge_probe() noexcept {
+        const int from = m_probe_back;
+        const int to = m_probe_to;
+        if (to != m_limit || from >= to || m_probe_rate <= 0.0) {
+            m_probe_to = 0;
+            return verdict::none;
+        }
+        const interval_figures& now = m_figures;
+        if (m_figures_count < judged_intervals) {
+            return verdict::pending;
+        }
+        m_probe_to = 0;
+        // Used: the calls in flight rose by at least half the added permits,
+        // and calls still found none free.
+        const auto added = static_cast<double>(to - from);
+        if (!now.limited || now.occupancy < m_probe_occupancy + added / 2.0) {
+            return verdict::unused;
+        }
+        const double step = static_cast<double>(to) / static_cast<double>(from) - 1.0;
+        const double needed = std::clamp(gain_share * step, min_gain, max_gain);
+        return now.rate >= m_probe_rate * (1.0 + needed) ? verdict::gain : verdict::no_gain;
+    }
+
+    /// Raises the limit to `limit`, remembering where it came from and the
+    /// throughput there, for judge_probe() in the next interval.
+    void grow(int limit, const interval_figures& now, bool by_5b) noexcept {
+        m_probe_was_5b = by_5b;
+        m_probe_back = m_limit;
+        m_probe_rate = now.rate;
+        m_probe_occupancy = now.occupancy;
+        set(limit);
+        m_probe_to = m_limit;
     }
 
     void learn_first_baseline(const interval_sample& sample) noexcept {
@@ -227,6 +417,7 @@ private:
 
     limit_reason scale(double factor, limit_reason reason) noexcept {
         m_slow_start = false;
+        m_vouched = 0;
         set(static_cast<int>(std::floor(static_cast<double>(m_limit) * factor)));
         return reason;
     }
@@ -260,6 +451,9 @@ private:
         if (options.min_samples < 1) {
             refuse("min_samples must be at least 1");
         }
+        if (!(options.throughput_tolerance >= options.headroom) || !std::isfinite(options.throughput_tolerance)) {
+            refuse("throughput_tolerance must be a finite number of at least headroom");
+        }
         return options;
     }
 
@@ -270,6 +464,39 @@ private:
     std::uint64_t m_changes = 0;
     double m_baseline_ns = 0.0;  // 0: not known yet
     bool m_slow_start = true;    // no sign of congestion yet: the limit doubles
+    // Rule 5b. The step up taken at the last update: from m_probe_back to
+    // m_probe_to (0: none pending), and the throughput and occupancy
+    // measured at m_probe_back.
+    int m_probe_back = 0;
+    int m_probe_to = 0;
+    double m_probe_rate = 0.0;
+    double m_probe_occupancy = 0.0;
+    bool m_probe_was_5b = false;  // the step was rule 5b's (else rule 5's)
+    int m_vouched = 0;            // the highest limit a step up to which bought throughput, since the last cut
+    int m_vouch_left = 0;         // intervals until m_vouched lapses
+    int m_cooldown = 0;           // intervals until rule 5b may step up again after a step that bought nothing
+    // The figures at the current limit (interval_figures), averaged.
+    int m_figures_limit = 0;
+    int m_figures_count = 0;
+    interval_figures m_figures;
+
+    /// A step up of the limit by s (to/from - 1) must raise the calls
+    /// finished per second by gain_share x s, within [min_gain, max_gain].
+    static constexpr double gain_share = 0.25;
+    static constexpr double min_gain = 0.05;
+    static constexpr double max_gain = 0.10;
+    /// Rule 5b steps up only when the permits are busy: on average at least
+    /// this share of them held over the interval.
+    static constexpr double busy = 0.75;
+    /// Intervals without a rule-5b step after one that bought nothing.
+    static constexpr int probe_pause = 8;
+    /// Intervals a step's gain vouches for its limit (above the
+    /// tolerance, the limit must then earn it again).
+    static constexpr int vouch_intervals = 16;
+    /// A step is judged on the mean of this many intervals at the new limit.
+    static constexpr int judged_intervals = 2;
+    /// The figures of a limit average about this many intervals.
+    static constexpr int averaged_intervals = 4;
 };
 
 namespace detail {
