@@ -176,8 +176,11 @@ TEST_CASE("with deadline_sets_lock_timeout the deadline bounds lock waits too", 
 
 // --- 2. Cancellation that reaches the server -----------------------------------------
 
+// [direct]: follows one backend in pg_stat_activity through the call and expects the next call on it; through
+// PgBouncer each transaction may get another backend ([H6] is the PgBouncer case); left out of the pgbouncer
+// pass (docs/pgbouncer.md).
 TEST_CASE("a stop request during pg_sleep(10) cancels the statement on the server, the connection is reused",
-          "[pg][cancel]") {
+          "[pg][cancel][direct]") {
     bulkhead::pqxx_pool pool(pool_options("bulkhead-cancel", 1));
     gate_t gate(pool, 1, 0);
     auto monitor = outside_connection();
@@ -585,11 +588,7 @@ TEST_CASE(
         gate.transaction(options, [&](pqxx::dbtransaction&) { ++runs; });
     });
     // The statement is running on the server before the stop is requested.
-    await([&] {
-        return scalar<long>(monitor,
-                            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'bulkhead-first-cancel' "
-                            "AND state = 'active' AND query LIKE '%pg_sleep(10)%'") == 1;
-    });
+    await([&] { return running(monitor, "bulkhead-first-cancel", "pg_sleep(10)") == 1; });
     check_cancelled_at_once(source, call);
     CHECK(runs == 0);
     CHECK(gate.available() == 1);

@@ -159,8 +159,10 @@ TEST_CASE("[C6] a short queue wait does not shorten the pool wait unless a deadl
     CHECK(gate.available() == 1);
 }
 
+// [direct]: terminates the pool connection's backend by its pid; through PgBouncer there is no backend of the
+// pool's own to kill; left out of the pgbouncer pass (docs/pgbouncer.md).
 TEST_CASE("[C7] an idle connection killed on the server is found out on borrow and replaced without an error",
-          "[pg][C7]") {
+          "[pg][C7][direct]") {
     auto options = pool_options("bulkhead-c7", 1);
     options.validate_after_idle = 0ms;  // validate every borrow
     bulkhead::pqxx_pool pool(options);
@@ -176,7 +178,10 @@ TEST_CASE("[C7] an idle connection killed on the server is found out on borrow a
     CHECK(sessions(monitor, "bulkhead-c7") == 1);
 }
 
-TEST_CASE("[C7] with the default validation, a connection killed while idle is replaced without an error", "[pg][C7]") {
+// [direct]: terminates the pool connection's backend by its pid; through PgBouncer there is no backend of the
+// pool's own to kill; left out of the pgbouncer pass (docs/pgbouncer.md).
+TEST_CASE("[C7] with the default validation, a connection killed while idle is replaced without an error",
+          "[pg][C7][direct]") {
     auto options = pool_options("bulkhead-c7b", 1);
     options.validate_after_idle = 50ms;
     bulkhead::pqxx_pool pool(options);
@@ -322,9 +327,10 @@ TEST_CASE("[C10] server-side concurrency through one gate never exceeds B under 
         while (!done) {
             // Sessions of this gate's pool that are not idle (running a statement or inside a
             // transaction), counted in one snapshot.
-            const long busy = scalar<long>(monitor,
-                                           "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
-                                           "'bulkhead-c10' AND state IN ('active', 'idle in transaction')");
+            const long busy = scalar<long>(monitor, std::string("SELECT count(*) FROM pg_stat_activity WHERE "
+                                                                "application_name = 'bulkhead-c10' AND state IN "
+                                                                "('active', 'idle in transaction')") +
+                                                        not_the_monitor);
             most_active = std::max(most_active, busy);
             ++samples;
         }

@@ -15,8 +15,11 @@
 
 #include <chrono>
 #include <csignal>
+#include <random>
 #include <regex>
+#include <stop_token>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include <sys/types.h>
@@ -73,6 +76,42 @@ private:
     }
 };
 
+/// What stop_at_random_moments counted.
+struct random_stops {
+    int cancelled = 0;  ///< calls that ended with work_cancelled or admission_cancelled
+    int completed = 0;  ///< calls that finished before their stop
+    int hit_next = 0;   ///< next statements that failed with 57014: a cancel that arrived late
+};
+
+/// [E6]: `rounds` calls of `gate`, each a pg_sleep(0.001) whose stop is
+/// requested at a random moment in its first 3 ms, each followed by the next
+/// client's statement, `next_sqlstate()` (its SQLSTATE, empty when it ran).
+template <class Gate, class Next>
+random_stops stop_at_random_moments(Gate& gate, unsigned seed, int rounds, Next next_sqlstate) {
+    std::mt19937 random(seed);
+    std::uniform_int_distribution<int> delay_us(0, 3000);
+    random_stops counted;
+    for (int round = 0; round < rounds; ++round) {
+        std::stop_source stop;
+        std::thread stopper([&, wait = std::chrono::microseconds(delay_us(random))] {
+            std::this_thread::sleep_for(wait);  // a random moment: the race itself is the point
+            stop.request_stop();
+        });
+        try {
+            gate.transaction({.stop = stop.get_token()},
+                             [](pqxx::dbtransaction& tx) { tx.exec("SELECT pg_sleep(0.001)"); });
+            ++counted.completed;
+        } catch (const bulkhead::work_cancelled&) {
+            ++counted.cancelled;
+        } catch (const bulkhead::admission_cancelled&) {
+            ++counted.cancelled;
+        }
+        stopper.join();
+        counted.hit_next += next_sqlstate() == "57014" ? 1 : 0;
+    }
+    return counted;
+}
+
 /// A backend process stopped with SIGSTOP while this lives, continued with
 /// SIGCONT when it goes (or by thaw()). The test process must be allowed to
 /// signal it: the server runs as the same user, or the tests run as root
@@ -80,6 +119,14 @@ private:
 class frozen_backend {
 public:
     explicit frozen_backend(int pid) : m_pid(pid) {
+        // A pid that is not a backend's (PgBouncer hands its clients made-up
+        // ones) must never be signalled: it may be any process, or a group.
+        if (m_pid <= 1 || !detail::read_file("/proc/" + std::to_string(m_pid) + "/comm").starts_with("postgres")) {
+            m_pid = 0;
+            FAIL("pid " << pid
+                        << " is not a PostgreSQL backend on this machine (through a pooler, the backend is not "
+                           "the client's to see)");
+        }
         if (::kill(static_cast<pid_t>(m_pid), SIGSTOP) != 0) {
             FAIL("cannot SIGSTOP backend " << m_pid << ": run the [pg] tests as the server's user or as root");
         }

@@ -35,7 +35,9 @@ struct close_log {
 
 }  // namespace
 
-TEST_CASE("pool stats, opened, and closed for each reason, with the hook told", "[pg][stats]") {
+// [direct]: terminates a pool connection's backend by its pid; through PgBouncer there is no backend of the
+// pool's own to kill; left out of the pgbouncer pass (docs/pgbouncer.md).
+TEST_CASE("pool stats, opened, and closed for each reason, with the hook told", "[pg][stats][direct]") {
     close_log log;
     auto options = pool_options("bulkhead-stats-close", 2);
     options.validate_after_idle = 0ms;

@@ -46,11 +46,18 @@ T scalar(pqxx::connection& connection, const std::string& sql) {
     return exec_one_row(tx, sql)[0].as<T>();
 }
 
+/// The condition on pg_stat_activity that leaves out the monitor's own
+/// session: through PgBouncer that is a server session lent to the monitor,
+/// which may still carry the application_name of the client before it.
+inline constexpr const char* not_the_monitor = " AND pid <> pg_backend_pid()";
+
 /// Sessions of `application_name` on the server in the given state
-/// ('active', 'idle', 'idle in transaction', ...), or all when state is empty.
+/// ('active', 'idle', 'idle in transaction', ...), or all when state is empty;
+/// never the monitor's own.
 inline long sessions(pqxx::connection& monitor, const std::string& application_name, const std::string& state = "") {
     pqxx::nontransaction tx(monitor);
-    std::string sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = " + tx.quote(application_name);
+    std::string sql = "SELECT count(*) FROM pg_stat_activity WHERE application_name = " + tx.quote(application_name) +
+                      not_the_monitor;
     if (!state.empty()) {
         sql += " AND state = " + tx.quote(state);
     }
@@ -58,12 +65,13 @@ inline long sessions(pqxx::connection& monitor, const std::string& application_n
 }
 
 /// Sessions of `application_name` running a statement whose text holds
-/// `text` (state 'active'): the statement itself, not the BEGIN before it.
+/// `text` (state 'active'): the statement itself, not the BEGIN before it;
+/// never the monitor's own (whose query holds `text` too).
 inline long running(pqxx::connection& monitor, const std::string& application_name, const std::string& text) {
     pqxx::nontransaction tx(monitor);
     return exec_one_row(tx,
                         "SELECT count(*) FROM pg_stat_activity WHERE application_name = " + tx.quote(application_name) +
-                            " AND state = 'active' AND strpos(query, " + tx.quote(text) + ") > 0")[0]
+                            not_the_monitor + " AND state = 'active' AND strpos(query, " + tx.quote(text) + ") > 0")[0]
         .as<long>();
 }
 

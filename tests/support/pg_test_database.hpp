@@ -22,6 +22,11 @@
 // started (its conninfo file under $BULKHEAD_PG_STATE_DIR). Without either
 // the test fails, and says how to get one; a [pg] test never skips.
 //
+// In the pgbouncer pass, $BULKHEAD_PG_STATE_DIR names the `pgbouncer`
+// fixture's directory instead: conninfo() then names PgBouncer (whatever
+// BULKHEAD_TEST_DATABASE says), `through_pgbouncer()` is true, and
+// `server_conninfo()` names the server behind it.
+//
 // `private_cluster` is a second server of the test's own, for tests that stop
 // and start the server under a pool. It is always a new throwaway cluster,
 // even when BULKHEAD_TEST_DATABASE names a server: stopping a server that
@@ -117,8 +122,23 @@ inline command_result run_command(const std::string& command) {
     return result;
 }
 
+/// The state directory of the `pgbouncer` fixture, when $BULKHEAD_PG_STATE_DIR
+/// names one (it holds a file `pgbouncer`, PgBouncer's version), else empty.
+inline std::filesystem::path pgbouncer_state_dir() {
+    const std::string state_dir = environment("BULKHEAD_PG_STATE_DIR");
+    if (state_dir.empty() || !std::filesystem::exists(std::filesystem::path(state_dir) / "pgbouncer")) {
+        return {};
+    }
+    return state_dir;
+}
+
 /// The conninfo of the shared server, or an empty string and why not.
 inline std::string find_conninfo(std::string& why_not) {
+    // The pgbouncer pass goes through PgBouncer even when BULKHEAD_TEST_DATABASE
+    // names the server (PgBouncer then stands in front of that one).
+    if (const std::filesystem::path bouncer = pgbouncer_state_dir(); !bouncer.empty()) {
+        return trim(read_file(bouncer / "conninfo"));
+    }
     if (std::string from_environment = environment("BULKHEAD_TEST_DATABASE"); !from_environment.empty()) {
         return from_environment;
     }
@@ -174,6 +194,49 @@ inline std::string find_script() {
         return found;
     }();
     return cached;
+}
+
+/// True when the suite runs through PgBouncer (the `pgbouncer` CTest fixture,
+/// tests/support/pgbouncer_throwaway.sh): conninfo() names PgBouncer in
+/// transaction pooling mode, not the server.
+[[nodiscard]] inline bool through_pgbouncer() { return !detail::pgbouncer_state_dir().empty(); }
+
+/// PgBouncer's version as `pgbouncer --version` gives it (e.g. "1.18.0"), or
+/// an empty string when the suite does not run through PgBouncer.
+[[nodiscard]] inline std::string pgbouncer_version() {
+    const std::filesystem::path bouncer = detail::pgbouncer_state_dir();
+    return bouncer.empty() ? std::string() : detail::trim(detail::read_file(bouncer / "pgbouncer"));
+}
+
+/// The server's own conninfo: behind PgBouncer, the one PgBouncer connects
+/// to (for checks that must see the backends themselves: pg_stat_activity,
+/// pg_terminate_backend); otherwise conninfo().
+/// \throws Catch2's test failure (FAIL) as conninfo() does.
+[[nodiscard]] inline std::string server_conninfo() {
+    const std::filesystem::path bouncer = detail::pgbouncer_state_dir();
+    if (bouncer.empty()) {
+        return conninfo();
+    }
+    std::string found = detail::trim(detail::read_file(bouncer / "server_conninfo"));
+    if (found.empty()) {
+        FAIL("the pgbouncer fixture wrote no server_conninfo into " << bouncer.string());
+    }
+    return found;
+}
+
+/// Through PgBouncer: conninfo() on the database that PgBouncer maps onto the
+/// same one with a pool of ONE server connection, so that its clients take
+/// turns on one backend.
+/// \throws Catch2's test failure (FAIL) when the suite does not run through PgBouncer.
+[[nodiscard]] inline std::string single_backend_conninfo() {
+    const std::filesystem::path bouncer = detail::pgbouncer_state_dir();
+    const std::string dbname =
+        bouncer.empty() ? std::string() : detail::trim(detail::read_file(bouncer / "single_dbname"));
+    if (dbname.empty()) {
+        FAIL("single_backend_conninfo() needs the pgbouncer fixture (BULKHEAD_PG_STATE_DIR naming its state dir)");
+    }
+    // libpq takes the last value of a repeated keyword.
+    return conninfo() + " dbname=" + dbname;
 }
 
 /// A throwaway PostgreSQL cluster of the test's own, in a fresh temporary

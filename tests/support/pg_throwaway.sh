@@ -26,29 +26,13 @@ readonly marker_name=".pg_throwaway"
 readonly ready_timeout_s=30
 readonly start_attempts=5
 
-say() { printf '%s: %s\n' "$program" "$*" >&2; }
-die() {
-    say "error: $*"
-    exit 1
-}
-
 usage() {
     sed -n '5,9s/^#   //p' "${BASH_SOURCE[0]}" >&2
     exit 2
 }
 
-# Masks passwords in a libpq keyword string, a URL or an SQL statement.
-mask_password() {
-    sed -E -e "s/(password[[:space:]]*=[[:space:]]*)('[^']*'|[^[:space:]]*)/\1********/g" \
-        -e 's#(://[^:/@]*):[^@/]*@#\1:********@#' \
-        -e "s/(PASSWORD[[:space:]]+)'[^']*'?/\1'********'/g"
-}
-
-# Quotes a value for a shell single-quoted string.
-shell_single_quote() {
-    local value=$1
-    printf "'%s'" "${value//\'/\'\\\'\'}"
-}
+# shellcheck source=throwaway_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/throwaway_lib.sh"
 
 # --- locating things ---------------------------------------------------------
 
@@ -80,32 +64,13 @@ find_bindir() {
         "install them with: apt-get install postgresql  (or scripts/install-deps)"
 }
 
-# Absolute, symlink-free path of a directory that exists.
-absolute_dir() { (cd "$1" && pwd -P); }
-
 # --- running as the server's user -------------------------------------------
 
 # The user that owns (or will own) the cluster: `postgres` when we are root.
-server_user_for_new_cluster() {
-    if [[ "$(id -u)" -eq 0 ]]; then
-        id -u postgres >/dev/null 2>&1 ||
-            die "running as root, but there is no 'postgres' user to run the server as;" \
-                "install the server with: apt-get install postgresql"
-        printf 'postgres\n'
-    else
-        id -un
-    fi
-}
+server_user_for_new_cluster() { user_for_start "the server"; }
 
 # Runs a command as $server_user: through runuser when that is not us.
-as_server_user() {
-    if [[ "$server_user" == "$(id -un)" ]]; then
-        "$@"
-    else
-        # From /, so the server user never needs to read our working directory.
-        (cd / && runuser -u "$server_user" -- "$@")
-    fi
-}
+as_server_user() { as_user "$server_user" "$@"; }
 
 # --- state ------------------------------------------------------------------
 
@@ -154,34 +119,6 @@ write_conninfo() {
         } >"$state_dir/env"
     )
     printf '%s\n' "$script_path" >"$state_dir/script"
-}
-
-# --- ports ------------------------------------------------------------------
-
-random_port() {
-    # Two draws of $RANDOM (15 bits each) cover the range evenly enough.
-    printf '%d\n' $((20000 + (RANDOM * 32768 + RANDOM) % 40001))
-}
-
-port_is_free() {
-    local candidate=$1
-    if command -v ss >/dev/null 2>&1; then
-        [[ -z "$(ss -Hltn "sport = :$candidate" 2>/dev/null)" ]] || return 1
-    fi
-    # Something answering on 127.0.0.1 means the port is taken.
-    ! (exec 3<>"/dev/tcp/127.0.0.1/$candidate") 2>/dev/null
-}
-
-pick_free_port() {
-    local candidate tries
-    for ((tries = 0; tries < 100; tries++)); do
-        candidate=$(random_port)
-        if port_is_free "$candidate"; then
-            printf '%s\n' "$candidate"
-            return
-        fi
-    done
-    die "found no free TCP port in 20000-60000 after 100 tries"
 }
 
 # --- the server -------------------------------------------------------------
@@ -260,15 +197,6 @@ stop_if_start_failed() {
 }
 
 # --- subcommands ------------------------------------------------------------
-
-# Removes STATE_DIR, but only one that this script made (or an empty one).
-remove_state_dir() {
-    [[ -d "$state_dir" ]] || return 0
-    if [[ ! -e "$state_dir/$marker_name" ]] && [[ -n "$(ls -A "$state_dir")" ]]; then
-        die "$state_dir is not empty and was not made by $program; not deleting it"
-    fi
-    rm -rf -- "$state_dir"
-}
 
 cmd_stop() {
     [[ -d "$state_dir" ]] || return 0

@@ -82,6 +82,21 @@ private:
     std::size_t m_count = 0;
 };
 
+/// `restore` (a `SELECT set_config(...), ...` or empty, see
+/// session_settings_query) that also sets application_name to `name`,
+/// quoted by libpq for `connection`.
+/// \throws std::runtime_error when libpq cannot quote it (out of memory).
+[[nodiscard]] inline std::string with_application_name(PGconn* connection, const std::string& restore,
+                                                       const std::string& name) {
+    char* quoted = PQescapeLiteral(connection, name.c_str(), name.size());
+    if (quoted == nullptr) {
+        throw std::runtime_error("bulkhead::pqxx_pool: libpq could not quote the application_name");
+    }
+    std::string setting = std::string("set_config('application_name', ").append(quoted).append(", false)");
+    PQfreemem(quoted);
+    return restore.empty() ? "SELECT " + setting : restore + ", " + setting;
+}
+
 /// reading an answer that has started to arrive.
 inline bool check_idle_session(pqxx::connection& connection, std::chrono::steady_clock::time_point deadline) noexcept {
     try {
@@ -569,6 +584,13 @@ private:
             if (m_options.on_connect && m_options.reset_session) {
                 pqxx::nontransaction read(*record->connection);
                 restore = read.exec(session_settings_query).at(0).at(0).c_str();
+            }
+            if (m_options.reset_session && !m_options.application_name.empty()) {
+                // RESET ALL puts application_name back to the server session's
+                // start-up value: the pool's on a direct connection, but behind
+                // a pooler such as PgBouncer the pooler's own (empty), and the
+                // pooler then keeps that for this client: set it again.
+                restore = with_application_name(record->handle, restore, m_options.application_name);
             }
             if (m_options.reset_session) {
                 record->commit_steps = reset_steps("COMMIT", restore);
