@@ -219,15 +219,7 @@ TEST_CASE("a COMMIT whose answer is lost after the server committed returns the 
     scratch_table table("bulkhead_commit_landed", "id int");
     bulkhead::pqxx_pool pool(proxied_options(proxy, "bulkhead-commit-landed"));
     gate_t gate(pool, 1, 0);
-    proxy.arm(tcp_proxy::cut::drop_after_commit);
-    const int value = gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
-        exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
-        return 42;
-    });
-    CHECK(proxy.cuts() == 1);  // the answer to COMMIT really was lost
-    CHECK(value == 42);        // settled with txid_status(): committed
-    CHECK(table.rows() == 1);
-    CHECK(pool.size() == 0);  // the lost connection was not kept
+    check_lost_commit(gate, pool, proxy, table, commit_cut::after_the_server_committed);
     CHECK(gate.available() == 1);
 }
 
@@ -236,18 +228,7 @@ TEST_CASE("a COMMIT lost before it reached the server fails after the rollback i
     scratch_table table("bulkhead_commit_lost", "id int");
     bulkhead::pqxx_pool pool(proxied_options(proxy, "bulkhead-commit-lost"));
     gate_t gate(pool, 1, 0);
-    proxy.arm(tcp_proxy::cut::drop_before_commit);
-    try {
-        gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
-            exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
-            return 1;
-        });
-        FAIL("no exception");
-    } catch (const pqxx::broken_connection& lost) {
-        CHECK_THAT(lost.what(), Catch::Matchers::ContainsSubstring("confirms the transaction was rolled back"));
-    }
-    CHECK(proxy.cuts() == 1);
-    CHECK(table.rows() == 0);
+    check_lost_commit(gate, pool, proxy, table, commit_cut::before_the_server_got_it);
     CHECK(gate.available() == 1);
     CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT 2")[0].as<int>(); }) == 2);
 }

@@ -14,6 +14,7 @@
 #include <bulkhead/pqxx_pool.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <csignal>
 #include <random>
 #include <regex>
@@ -143,5 +144,43 @@ public:
 private:
     int m_pid;
 };
+
+/// Where the proxy cuts a one-row INSERT's COMMIT in check_lost_commit.
+enum class commit_cut : std::uint8_t {
+    after_the_server_committed,  ///< the COMMIT reached the server, its answer is lost
+    before_the_server_got_it,    ///< the COMMIT never reached the server
+};
+
+/// A lost COMMIT, resolved ([pg][commit], and [H7] through PgBouncer): a
+/// one-row INSERT into `table` through `gate`, whose connection runs through
+/// `proxy`, which cuts it at COMMIT. After the server committed: the call
+/// returns its value (settled by the transaction's status), the row is
+/// there, the lost connection was not kept. Before: the call fails with
+/// broken_connection once the rollback is confirmed, and no row is there.
+template <class Gate>
+void check_lost_commit(Gate& gate, const bulkhead::pqxx_pool& pool, tcp_proxy& proxy, const scratch_table& table,
+                       commit_cut where) {
+    const auto insert = [&](pqxx::dbtransaction& tx) {
+        exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
+        return 42;
+    };
+    if (where == commit_cut::after_the_server_committed) {
+        proxy.arm(tcp_proxy::cut::drop_after_commit);
+        CHECK(gate.transaction(std::chrono::seconds(1), insert) == 42);
+        CHECK(proxy.cuts() == 1);  // the answer to COMMIT really was lost
+        CHECK(table.rows() == 1);
+        CHECK(pool.size() == 0);  // the lost connection was not kept
+        return;
+    }
+    proxy.arm(tcp_proxy::cut::drop_before_commit);
+    try {
+        (void)gate.transaction(std::chrono::seconds(1), insert);
+        FAIL("no exception");
+    } catch (const pqxx::broken_connection& lost) {
+        CHECK_THAT(lost.what(), Catch::Matchers::ContainsSubstring("confirms the transaction was rolled back"));
+    }
+    CHECK(proxy.cuts() == 1);
+    CHECK(table.rows() == 0);
+}
 
 }  // namespace bulkhead_test

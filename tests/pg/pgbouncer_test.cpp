@@ -358,29 +358,10 @@ TEST_CASE(
     gate_t gate(pool, 1, 0);
     auto monitor = server_monitor();
     SECTION("the COMMIT reached the server, its answer is lost: the value, settled by the transaction's status") {
-        proxy.arm(tcp_proxy::cut::drop_after_commit);
-        const int value = gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
-            exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
-            return 42;
-        });
-        CHECK(proxy.cuts() == 1);
-        CHECK(value == 42);
-        CHECK(table.rows() == 1);
-        CHECK(pool.size() == 0);  // the lost connection was not kept
+        check_lost_commit(gate, pool, proxy, table, commit_cut::after_the_server_committed);
     }
     SECTION("the COMMIT never reached the server: the call fails once the rollback is confirmed") {
-        proxy.arm(tcp_proxy::cut::drop_before_commit);
-        try {
-            gate.transaction(1s, [&](pqxx::dbtransaction& tx) {
-                exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
-                return 1;
-            });
-            FAIL("no exception");
-        } catch (const pqxx::broken_connection& lost) {
-            CHECK_THAT(lost.what(), Catch::Matchers::ContainsSubstring("confirms the transaction was rolled back"));
-        }
-        CHECK(proxy.cuts() == 1);
-        CHECK(table.rows() == 0);
+        check_lost_commit(gate, pool, proxy, table, commit_cut::before_the_server_got_it);
     }
     // PgBouncer ended the server side of the lost client's transaction too:
     // no backend is left idle in it, holding its locks.

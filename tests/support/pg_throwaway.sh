@@ -219,19 +219,7 @@ cmd_stop() {
 }
 
 cmd_start() {
-    # An earlier run that was aborted leaves its state behind: clear it first.
-    if [[ -e "$state_dir" ]]; then
-        [[ -d "$state_dir" ]] || die "$state_dir exists and is not a directory"
-        if [[ -e "$state_dir/$marker_name" ]]; then
-            say "clearing stale state in $state_dir"
-            cmd_stop
-        elif [[ -n "$(ls -A "$state_dir")" ]]; then
-            die "$state_dir is not empty and was not made by $program; give an empty or new directory"
-        fi
-    fi
-    mkdir -p "$state_dir"
-    state_dir=$(absolute_dir "$state_dir")
-    touch "$state_dir/$marker_name"
+    claim_state_dir
 
     if [[ -n "${BULKHEAD_TEST_DATABASE:-}" ]]; then
         write_conninfo "$BULKHEAD_TEST_DATABASE"

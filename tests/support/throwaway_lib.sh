@@ -5,11 +5,14 @@
 #   say MESSAGE, die MESSAGE   to stderr, prefixed with $program; die exits 1
 #   user_for_start WHAT    the user WHAT runs as: `postgres` when we are root, else us
 #   as_user USER CMD...    CMD as USER (runuser from /), or directly when USER is us
+#   claim_state_dir        makes $state_dir ours (absolute, marked); clears what an aborted run left
+#                          there with the script's own cmd_stop; refuses a directory not ours
 #   remove_state_dir       deletes $state_dir, but only one that $program made (or an empty one)
 #   mask_password          filter: masks passwords in conninfo, URLs and SQL
 #   shell_single_quote V   V as one single-quoted shell word
 #   absolute_dir DIR       the absolute, symlink-free path of an existing DIR
 #   pick_free_port         a random TCP port in 20000-60000 that nothing listens on
+#   process_alive PID      PID runs (a zombie does not: it has exited, only not been reaped yet)
 
 # shellcheck disable=SC2154  # program and marker_name: set by the script that sources this
 say() { printf '%s: %s\n' "$program" "$*" >&2; }
@@ -40,6 +43,21 @@ as_user() {
         # From /, so the user never needs to read our working directory.
         (cd / && runuser -u "$user" -- "$@")
     fi
+}
+
+claim_state_dir() {
+    if [[ -e "$state_dir" ]]; then
+        [[ -d "$state_dir" ]] || die "$state_dir exists and is not a directory"
+        if [[ -e "$state_dir/$marker_name" ]]; then
+            say "clearing stale state in $state_dir"
+            cmd_stop
+        elif [[ -n "$(ls -A "$state_dir")" ]]; then
+            die "$state_dir is not empty and was not made by $program; give an empty or new directory"
+        fi
+    fi
+    mkdir -p "$state_dir"
+    state_dir=$(absolute_dir "$state_dir")
+    touch "$state_dir/$marker_name"
 }
 
 remove_state_dir() {
@@ -91,4 +109,14 @@ pick_free_port() {
         fi
     done
     die "found no free TCP port in 20000-60000 after 100 tries"
+}
+
+# A process that has exited stays a zombie until its parent reaps it; a
+# daemon's parent is the init process, which on some machines reaps only
+# every two seconds or so (seen here). kill -0 succeeds on a zombie.
+process_alive() {
+    local state
+    kill -0 "$1" 2>/dev/null || return 1
+    state=$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null) || return 0
+    [[ "$state" != Z ]]
 }
