@@ -7,6 +7,8 @@
 #   pgbouncer_throwaway.sh start STATE_DIR PG_STATE_DIR   start PgBouncer before the server of PG_STATE_DIR
 #   pgbouncer_throwaway.sh stop  STATE_DIR                stop it and delete STATE_DIR; fine if already stopped
 #   pgbouncer_throwaway.sh env   STATE_DIR                print `export BULKHEAD_TEST_DATABASE='...'` (through PgBouncer)
+#   pgbouncer_throwaway.sh stop-bouncer  STATE_DIR        stop PgBouncer (SIGTERM), keep its port and files
+#   pgbouncer_throwaway.sh start-bouncer STATE_DIR        start it again on the same port, wait until it answers
 #
 # PG_STATE_DIR is a directory that `pg_throwaway.sh start` made: its conninfo
 # names the server (the throwaway one, or BULKHEAD_TEST_DATABASE's, which must
@@ -34,19 +36,19 @@
 #   pool_mode = transaction, server_reset_query = '' (transaction mode resets
 #   nothing between clients), auth_type = scram-sha-256 with the password in
 #   the auth_file, default_pool_size = 20 server connections per database and
-#   user, max_client_conn = 500, server_login_retry = 1 s, query_wait_timeout
-#   = 30 s.
+#   user (BULKHEAD_PGBOUNCER_POOL_SIZE at `start` sets another),
+#   max_client_conn = 500, server_login_retry = 1 s, query_wait_timeout = 30 s.
 set -euo pipefail
 
 readonly program="pgbouncer_throwaway.sh"
 readonly marker_name=".pgbouncer_throwaway"
 readonly ready_timeout_s=20
 readonly start_attempts=5
-readonly default_pool_size=20
+readonly default_pool_size=${BULKHEAD_PGBOUNCER_POOL_SIZE:-20}
 readonly max_client_conn=500
 
 usage() {
-    sed -n '7,9s/^#   //p' "${BASH_SOURCE[0]}" >&2
+    sed -n '7,11s/^#   //p' "${BASH_SOURCE[0]}" >&2
     exit 2
 }
 
@@ -196,7 +198,7 @@ bouncer_pid() {
     [[ -n "$pid_file" && -s "$pid_file" ]] || return 1
     local pid
     pid=$(tr -dc '0-9' <"$pid_file")
-    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && printf '%s\n' "$pid"
+    [[ -n "$pid" ]] && process_alive "$pid" && printf '%s\n' "$pid"
 }
 
 tail_log() {
@@ -242,9 +244,9 @@ stop_bouncer_if_running() {
     pid=$(bouncer_pid) || return 0
     # SIGTERM: immediate shutdown (client and server connections closed).
     kill -TERM "$pid" 2>/dev/null || true
-    for ((waited = 0; waited < 100; waited++)); do
-        kill -0 "$pid" 2>/dev/null || return 0
-        sleep 0.1
+    for ((waited = 0; waited < 500; waited++)); do
+        process_alive "$pid" || return 0
+        sleep 0.02
     done
     kill -KILL "$pid" 2>/dev/null || true
 }
@@ -274,18 +276,9 @@ cmd_stop() {
 cmd_start() {
     [[ -n "$pg_state_dir" && -s "$pg_state_dir/conninfo" ]] ||
         die "$pg_state_dir has no conninfo; start the server first (pg_throwaway.sh start $pg_state_dir)"
-    if [[ -e "$state_dir" ]]; then
-        [[ -d "$state_dir" ]] || die "$state_dir exists and is not a directory"
-        if [[ -e "$state_dir/$marker_name" ]]; then
-            say "clearing stale state in $state_dir"
-            cmd_stop
-        elif [[ -n "$(ls -A "$state_dir")" ]]; then
-            die "$state_dir is not empty and was not made by $program; give an empty or new directory"
-        fi
-    fi
-    mkdir -p "$state_dir"
-    state_dir=$(absolute_dir "$state_dir")
-    touch "$state_dir/$marker_name"
+    [[ "$default_pool_size" =~ ^[1-9][0-9]{0,4}$ ]] ||
+        die "BULKHEAD_PGBOUNCER_POOL_SIZE wants a whole number from 1 to 99999, not '${default_pool_size:0:20}'"
+    claim_state_dir
 
     local server_conninfo
     server_conninfo=$(head -n 1 "$pg_state_dir/conninfo")
@@ -358,6 +351,34 @@ cmd_start() {
     printf '%s\n' "$conninfo" | mask_password
 }
 
+# Stops PgBouncer the way a restart does (SIGTERM: immediate shutdown, every
+# client and server connection closed); the port, the configuration and the
+# auth_file stay for start-bouncer.
+cmd_stop_bouncer() {
+    load_state || die "$state_dir holds no PgBouncer state; run '$program start' first"
+    stop_bouncer_if_running
+    say "stopped PgBouncer on port $port (start-bouncer starts it again)"
+}
+
+# Starts the PgBouncer of STATE_DIR again on its port with its configuration
+# and waits until a query passes through it.
+cmd_start_bouncer() {
+    load_state || die "$state_dir holds no PgBouncer state; run '$program start' first"
+    [[ -s "$state_dir/server_conninfo" ]] || die "$state_dir has no server_conninfo"
+    ! bouncer_pid >/dev/null || die "PgBouncer already runs on port $port"
+    parse_server_conninfo "$(head -n 1 "$state_dir/server_conninfo")"
+    pgbouncer=$(find_pgbouncer)
+    local status=0
+    start_once || status=$?
+    if ((status != 0)); then
+        stop_bouncer_if_running
+        tail_log
+        ((status != 3)) || die "port $port was taken while PgBouncer was stopped"
+        die "PgBouncer did not start again (log: $runtime_dir/pgbouncer.log)"
+    fi
+    say "PgBouncer answers again on port $port"
+}
+
 cmd_env() {
     [[ -f "$state_dir/env" ]] || die "$state_dir has no env file; run '$program start $state_dir PG_STATE_DIR' first"
     cat "$state_dir/env"
@@ -381,6 +402,14 @@ main() {
         env)
             (($# == 2)) || usage
             cmd_env
+            ;;
+        stop-bouncer)
+            (($# == 2)) || usage
+            cmd_stop_bouncer
+            ;;
+        start-bouncer)
+            (($# == 2)) || usage
+            cmd_start_bouncer
             ;;
         *) usage ;;
     esac
