@@ -23,7 +23,8 @@
 //      The arms: a fixed gate at the best B, a fixed gate at B = 64 (too
 //      high), an adaptive gate with floor 1 and ceiling 64.
 // Results: PREFIX-neighbour.csv (every loop and arm, 0.5 s buckets: goodput,
-// p99 of admitted calls, rejections, the limit), PREFIX-neighbour.md (the
+// p99 of admitted calls, rejections, the limit and the adaptive limit's
+// latency baseline), PREFIX-neighbour.md (the
 // tables), also printed on stdout; progress on stderr. About 20 minutes
 // (--quick: about 6).
 #include "arms.hpp"
@@ -90,6 +91,8 @@ public:
     }
 
     [[nodiscard]] int limit() const noexcept { return m_gate.limit(); }
+    /// The adaptive limit's latency baseline (zero for a fixed gate).
+    [[nodiscard]] std::chrono::nanoseconds baseline() const { return m_gate.stats().latency_baseline; }
 
 private:
     using gate_type = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
@@ -151,14 +154,23 @@ private:
     std::thread m_thread;
 };
 
-/// The limit every 100 ms (ms since the start, limit).
+/// One sample of the limit and its baseline.
+struct limit_sample {
+    std::int64_t t_ns = 0;  ///< since the start
+    int limit = 0;
+    std::int64_t baseline_ns = 0;
+};
+
+/// The limit and the latency baseline every 100 ms.
 class limit_sampler {
 public:
     explicit limit_sampler(const neighbour_arm& target) {
         m_thread = std::thread([this, &target] {
             const clock::time_point start = clock::now();
             while (!m_stop.load()) {
-                m_samples.emplace_back(nanoseconds_between(start, clock::now()), target.limit());
+                m_samples.push_back({.t_ns = nanoseconds_between(start, clock::now()),
+                                     .limit = target.limit(),
+                                     .baseline_ns = target.baseline().count()});
                 std::this_thread::sleep_for(100ms);  // the sampling period
             }
         });
@@ -166,7 +178,7 @@ public:
     limit_sampler(const limit_sampler&) = delete;
     limit_sampler& operator=(const limit_sampler&) = delete;
     ~limit_sampler() { stop(); }
-    std::vector<std::pair<std::int64_t, int>>& stop() {
+    std::vector<limit_sample>& stop() {
         m_stop.store(true);
         if (m_thread.joinable()) {
             m_thread.join();
@@ -176,20 +188,20 @@ public:
 
 private:
     std::atomic<bool> m_stop{false};
-    std::vector<std::pair<std::int64_t, int>> m_samples;  // written by the thread, read after stop()
+    std::vector<limit_sample> m_samples;  // written by the thread, read after stop()
     std::thread m_thread;
 };
 
-/// The limit at `at_ns`: the last sample at or before it.
-int limit_at(const std::vector<std::pair<std::int64_t, int>>& samples, std::int64_t at_ns) {
-    int limit = samples.empty() ? 0 : samples.front().second;
-    for (const auto& [t, value] : samples) {
-        if (t > at_ns) {
+/// The sample at `at_ns`: the last at or before it (the first before any).
+limit_sample sample_at(const std::vector<limit_sample>& samples, std::int64_t at_ns) {
+    limit_sample found = samples.empty() ? limit_sample{} : samples.front();
+    for (const limit_sample& sample : samples) {
+        if (sample.t_ns > at_ns) {
             break;
         }
-        limit = value;
+        found = sample;
     }
-    return limit;
+    return found;
 }
 
 struct phase_row {
@@ -198,6 +210,7 @@ struct phase_row {
     std::string phase;
     run_summary summary;
     double limit_median = 0;
+    double baseline_median_ms = 0;  ///< the adaptive limit's latency baseline (0: a fixed gate)
     double settle_s = 0;   ///< after the step: until the limit stays within [0.8, 1.25] x the phase median for 2 s
     double overshoot = 0;  ///< the highest limit in the phase over its median
 };
@@ -261,7 +274,7 @@ int run(const settings& config) {
     const std::int64_t phase_ns = std::chrono::nanoseconds(config.phase).count();
     std::vector<phase_row> rows;
     std::ofstream csv(config.prefix + "-neighbour.csv");
-    csv << "loop,arm,t_s,goodput,admitted_p99_ms,rejected_rate,limit\n";
+    csv << "loop,arm,t_s,goodput,admitted_p99_ms,rejected_rate,limit,baseline_ms\n";
     std::uint64_t seed = 11;
     for (const char* loop : {"open", "closed"}) {
         for (const arm_plan& plan_of_arm : arms) {
@@ -292,11 +305,14 @@ int run(const settings& config) {
                     .phase = names[i],
                     .summary = summarize(records.calls, call_deadline, static_cast<double>(phase_ns) / 1e9, from, to)};
                 std::vector<int> limits;
-                for (const auto& [t, value] : samples) {
-                    if (t >= from && t < to) {
-                        limits.push_back(value);
+                std::vector<std::int64_t> baselines;
+                for (const limit_sample& sample : samples) {
+                    if (sample.t_ns >= from && sample.t_ns < to) {
+                        limits.push_back(sample.limit);
+                        baselines.push_back(sample.baseline_ns);
                     }
                 }
+                row.baseline_median_ms = baselines.empty() ? 0.0 : quantile(baselines, 0.5) / 1e6;
                 if (!limits.empty()) {
                     std::vector<int> sorted = limits;
                     std::sort(sorted.begin(), sorted.end());
@@ -320,10 +336,11 @@ int run(const settings& config) {
             const std::int64_t bucket = 500'000'000;
             for (std::int64_t from = 0; from < 3 * phase_ns; from += bucket) {
                 const run_summary s = summarize(records.calls, call_deadline, 0.5, from, from + bucket);
-                csv << format("%s,%s,%.2f,%.1f,%.3f,%.1f,%d\n", loop, plan_of_arm.name.c_str(),
+                const limit_sample at = sample_at(samples, from + bucket / 2);
+                csv << format("%s,%s,%.2f,%.1f,%.3f,%.1f,%d,%.3f\n", loop, plan_of_arm.name.c_str(),
                               (static_cast<double>(from) + static_cast<double>(bucket) / 2.0) / 1e9, s.goodput,
                               s.admitted_p99_ms, static_cast<double>(s.rejected_full + s.rejected_wait) / 0.5,
-                              limit_at(samples, from + bucket / 2));
+                              at.limit, static_cast<double>(at.baseline_ns) / 1e6);
             }
         }
     }
@@ -335,12 +352,12 @@ int run(const settings& config) {
            << " s.\n\n## The sweep (neighbour on, 10 s each)\n\n"
            << sweep.str() << "\nBest B: " << best << "\n\n## The arms\n\n"
            << "| loop | arm | phase | goodput (calls/s) | p99 of admitted (ms) | rejected | limit (median) | "
-              "settled after (s) | overshoot |\n|---|---|---|---|---|---|---|---|---|\n";
+              "baseline (median ms) | settled after (s) | overshoot |\n|---|---|---|---|---|---|---|---|---|---|\n";
     for (const phase_row& row : rows) {
-        report << format("| %s | %s | %s | %.0f | %.1f | %.1f %% | %.0f | %.1f | %.2f |\n", row.loop.c_str(),
+        report << format("| %s | %s | %s | %.0f | %.1f | %.1f %% | %.0f | %.2f | %.1f | %.2f |\n", row.loop.c_str(),
                          row.arm.c_str(), row.phase.c_str(), row.summary.goodput, row.summary.admitted_p99_ms,
                          100.0 * row.summary.share(row.summary.rejected_full + row.summary.rejected_wait),
-                         row.limit_median, row.settle_s, row.overshoot);
+                         row.limit_median, row.baseline_median_ms, row.settle_s, row.overshoot);
     }
     std::ofstream(config.prefix + "-neighbour.md") << report.str();
     std::fputs(report.str().c_str(), stdout);

@@ -4,14 +4,14 @@
 # (loop='closed' for the closed loop)
 # (scripts/bench-neighbour runs it.)
 load "bench/plot/pg_common.gp"
-set terminal pngcairo size 760,900 font "sans,10" noenhanced
+set terminal pngcairo size 760,1150 font "sans,10" noenhanced
 set output out
 set datafile separator ","
 mine(prefix) = strcol("loop") eq loop && strcol("arm")[1:strlen(prefix)] eq prefix
 best(col) = mine("fixed best") ? column(col) : NaN
 high(col) = mine("fixed B =") ? column(col) : NaN
 adaptive(col) = mine("adaptive") ? column(col) : NaN
-set multiplot layout 3,1 title sprintf("Noisy neighbour, %s loop: quiet, pgbench scanning beside the service, quiet again", loop)
+set multiplot layout 4,1 title sprintf("Noisy neighbour, %s loop: quiet, pgbench scanning beside the service, quiet again", loop)
 set xrange [0:*]
 set xlabel "time (s)"
 set key top right horizontal
@@ -33,4 +33,7 @@ set ylabel "execution permits in circulation"
 plot data using "t_s":(best("limit")) with lines ls 1 title "fixed, best B", \
      data using "t_s":(high("limit")) with lines ls 2 title "fixed, B = 64", \
      data using "t_s":(adaptive("limit")) with lines ls 3 title "adaptive 1..64"
+set yrange [0:*]
+set ylabel "adaptive: latency baseline (ms)"
+plot data using "t_s":(adaptive("baseline_ms")) with lines ls 3 title "the baseline its rules compare the mean hold with"
 unset multiplot
