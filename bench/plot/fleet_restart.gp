@@ -9,7 +9,7 @@ set datafile columnheaders
 set terminal pngcairo size 900,400 font "sans,10" noenhanced
 set output out
 set grid lc rgb "#dddddd"
-set key top right box opaque
+set key bottom right box opaque
 set xlabel "seconds into the run"
 set ylabel "committed calls per second (100 ms bins)"
 set y2label "instances that committed a call in the bin"
