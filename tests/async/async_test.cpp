@@ -759,12 +759,14 @@ TEST_CASE(
     // slowdown brings it below the highest it reached; the recovery raises
     // it again.
     int peak = 0;
-    REQUIRE(bulkhead_test::eventually(
+    const bool climbed = bulkhead_test::eventually(
         [&] {
             peak = std::max(peak, gate.limit());
             return peak >= 3;
         },
-        20s));
+        20s);
+    INFO("after the slow start: " << state() << ", callbacks running at once at most " << most.load());
+    REQUIRE(climbed);
     cost_ms.store(8);
     int lowest = peak;
     const bool fell = bulkhead_test::eventually(

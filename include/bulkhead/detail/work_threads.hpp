@@ -12,7 +12,14 @@
 // nothing. A thread that queues a job while it is one of these threads (a
 // worker releasing its permit to the next asynchronous waiter) does not wake
 // another: it takes the job itself when it comes back for more, so a
-// handoff from one coroutine's work to the next costs no wake at all.
+// handoff from one coroutine's work to the next costs no wake at all. It
+// claims one job so, per job it runs: a second one queued in the same run
+// (an adaptive limit that grew there and granted the new permit too) wakes
+// an idle thread. Without that, every job granted on a work thread after a
+// growth queued behind the one worker that granted it, and the calls ran one
+// at a time whatever the limit (seen: an async gate whose limit went 1 -> 2
+// ran one callback at a time, its permit holds doubled, and its latency rule
+// took the limit back to 1, over and over).
 //
 // Thread safety: push() may be called from any thread; start() from any,
 // and only the first call starts threads. The destructor asks the threads to
@@ -86,8 +93,12 @@ public:
             job.m_next = nullptr;
             (m_tail != nullptr ? m_tail->m_next : m_head) = &job;
             m_tail = &job;
-            // A worker queueing work takes it itself when it comes back.
-            wake = m_idle > 0 && current_set() != this;
+            // A worker queueing work takes one job itself when it comes back.
+            if (current_set() == this && !claimed_one()) {
+                claimed_one() = true;  // this thread takes a job when it comes back
+            } else {
+                wake = m_idle > 0;
+            }
         }
         if (wake) {
             m_wake.notify_one();
@@ -116,6 +127,13 @@ private:
         return set;
     }
 
+    /// True on a work thread that has queued a job during the job it runs:
+    /// it will take one when it comes back, so a second one needs a wake.
+    static bool& claimed_one() noexcept {
+        thread_local bool claimed = false;
+        return claimed;
+    }
+
     void serve() noexcept {
         current_set() = this;
         std::unique_lock lock(m_mutex);
@@ -136,6 +154,7 @@ private:
             lock.unlock();
             job.m_run(job);
             lock.lock();
+            claimed_one() = false;  // back at the queue: the claim is honoured from here
         }
     }
 
