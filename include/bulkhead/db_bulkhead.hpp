@@ -426,9 +426,8 @@ public:
             m_adaptive->limited();
             update_limit(std::chrono::steady_clock::now());
         }
-        if (adaptive_gate* adapting = class_adaptive(workload)) {
-            adapting->limited();
-            update_class_limit(*adapting, workload, std::chrono::steady_clock::now());
+        if (workload >= 0) [[unlikely]] {  // kept out of the plain gate's path, which inlines the rest
+            class_no_permit_free(workload);
         }
     }
 
@@ -439,9 +438,8 @@ public:
             m_adaptive->finished(held);
             update_limit(now);
         }
-        if (adaptive_gate* adapting = class_adaptive(workload)) {
-            adapting->finished(held);
-            update_class_limit(*adapting, workload, now);
+        if (workload >= 0) [[unlikely]] {
+            class_finishing(now, held, workload);
         }
     }
 
@@ -470,6 +468,23 @@ public:
     std::vector<std::unique_ptr<adaptive_gate>> m_class_adaptive;
 
 private:
+    /// no_permit_free() for a class's adaptive ceiling.
+    void class_no_permit_free(int workload) noexcept {
+        if (adaptive_gate* adapting = class_adaptive(workload)) {
+            adapting->limited();
+            update_class_limit(*adapting, workload, std::chrono::steady_clock::now());
+        }
+    }
+
+    /// finishing() for a class's adaptive ceiling.
+    void class_finishing(std::chrono::steady_clock::time_point now, std::chrono::nanoseconds held,
+                         int workload) noexcept {
+        if (adaptive_gate* adapting = class_adaptive(workload)) {
+            adapting->finished(held);
+            update_class_limit(*adapting, workload, now);
+        }
+    }
+
     /// A class's ceiling, as adaptive_gate resizes it.
     struct class_ceiling {
         workload_scheduler& scheduler;
