@@ -22,15 +22,18 @@
 #include "arms.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <latch>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -439,20 +442,48 @@ struct run_summary {
     return summary;
 }
 
+/// `text` read whole by `parse` (std::stoi, std::stod: value, characters
+/// used), or nothing when it is not a number or has anything after one.
+template <class T, class Parse>
+[[nodiscard]] std::optional<T> whole_number(const std::string& text, Parse parse) {
+    std::size_t used = 0;
+    try {
+        const T value = parse(text, &used);
+        if (used == text.size()) {
+            return value;
+        }
+    } catch (const std::exception&) {  // not a number, or out of range
+    }
+    return std::nullopt;
+}
+
 /// A command-line value that must be a whole number, at least 1.
 /// \throws std::invalid_argument naming the option and (the start of) the value.
 [[nodiscard]] inline int positive_argument(const std::string& option, const std::string& text) {
-    std::size_t used = 0;
-    int value = 0;
-    try {
-        value = std::stoi(text, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    if (used != text.size() || value < 1) {
+    const std::optional<int> value =
+        whole_number<int>(text, [](const std::string& t, std::size_t* used) { return std::stoi(t, used); });
+    if (!value || *value < 1) {
         throw std::invalid_argument(option + " wants a whole number, at least 1, not '" + text.substr(0, 20) + "'");
     }
-    return value;
+    return *value;
+}
+
+/// A command-line value that must be a number from `at_least` to `at_most`.
+/// \throws std::invalid_argument naming the option, the range and (the start of) the value.
+[[nodiscard]] inline double ratio_argument(const std::string& option, const std::string& text, double at_least,
+                                           double at_most) {
+    const std::optional<double> value =
+        whole_number<double>(text, [](const std::string& t, std::size_t* used) { return std::stod(t, used); });
+    if (!value || !(*value >= at_least) || !(*value <= at_most)) {
+        const auto shown = [](double number) {
+            std::array<char, 32> text_of{};
+            std::snprintf(text_of.data(), text_of.size(), "%g", number);
+            return std::string(text_of.data());
+        };
+        throw std::invalid_argument(option + " wants a number from " + shown(at_least) + " to " +
+                                    shown(at_most) + ", not '" + text.substr(0, 20) + "'");
+    }
+    return *value;
 }
 
 /// The server a PostgreSQL benchmark runs against: BULKHEAD_TEST_DATABASE

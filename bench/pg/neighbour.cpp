@@ -2,6 +2,7 @@
 // neighbour (docs/adaptive.md, "The noisy neighbour").
 //
 //   bulkhead_neighbour_bench [--conninfo CONNINFO] --pgbench PATH --prefix PATH [--phase SECONDS] [--quick]
+//                            [--throughput-tolerance X]
 //
 // CONNINFO defaults to $BULKHEAD_TEST_DATABASE (scripts/bench-neighbour
 // starts a throwaway server and passes it so, keeping the password out of
@@ -60,6 +61,9 @@ struct settings {
     std::string pgbench;
     std::string prefix;
     std::chrono::seconds phase{60};
+    /// The adaptive arm's throughput_tolerance (rule 5b's bound); the
+    /// library's default unless --throughput-tolerance names another.
+    double throughput_tolerance = bulkhead::adaptive_options{}.throughput_tolerance;
 };
 
 /// A gate in front of its own pool, fixed or adaptive; one call per job.
@@ -68,7 +72,7 @@ public:
     neighbour_arm(const settings& config, std::string name, int permits, bool adaptive)
         : m_name(std::move(name)),
           m_pool(pool_settings(config.conninfo, permits, 1000ms)),
-          m_gate(make_gate(m_pool, permits, adaptive)) {}
+          m_gate(make_gate(m_pool, permits, adaptive, config.throughput_tolerance)) {}
 
     [[nodiscard]] std::string label() const override { return m_name; }
     [[nodiscard]] int workers() const override { return 256; }
@@ -97,9 +101,10 @@ public:
 private:
     using gate_type = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
 
-    static gate_type make_gate(bulkhead::pqxx_pool& pool, int permits, bool adaptive) {
+    static gate_type make_gate(bulkhead::pqxx_pool& pool, int permits, bool adaptive, double throughput_tolerance) {
         if (adaptive) {
-            return gate_type(pool, permits, 64, bulkhead::adaptive_options{.floor = 1});
+            return gate_type(pool, permits, 64,
+                             bulkhead::adaptive_options{.floor = 1, .throughput_tolerance = throughput_tolerance});
         }
         return gate_type(pool, permits, 64);
     }
@@ -349,7 +354,8 @@ int run(const settings& config) {
     report << "# Noisy neighbour\n\nOffered: " << format("%.0f", rate)
            << " calls/s (70 % of the quiet capacity at B = 4, " << format("%.0f", capacity)
            << " calls/s); deadline 250 ms; phases of " << config.phase.count()
-           << " s.\n\n## The sweep (neighbour on, 10 s each)\n\n"
+           << " s; the adaptive arm's throughput_tolerance " << format("%g", config.throughput_tolerance)
+           << ".\n\n## The sweep (neighbour on, 10 s each)\n\n"
            << sweep.str() << "\nBest B: " << best << "\n\n## The arms\n\n"
            << "| loop | arm | phase | goodput (calls/s) | p99 of admitted (ms) | rejected | limit (median) | "
               "baseline (median ms) | settled after (s) | overshoot |\n|---|---|---|---|---|---|---|---|---|---|\n";
@@ -389,12 +395,16 @@ int main(int argc, char** argv) {
                 config.prefix = value();
             } else if (argument == "--phase") {
                 config.phase = std::chrono::seconds(bulkhead_bench::positive_argument("--phase", value()));
+            } else if (argument == "--throughput-tolerance") {
+                // From the headroom (rule 5b off), as adaptive_options accepts it.
+                config.throughput_tolerance = bulkhead_bench::ratio_argument(
+                    "--throughput-tolerance", value(), bulkhead::adaptive_options{}.headroom, 100);
             } else if (argument == "--quick") {
                 config.phase = std::chrono::seconds(15);
             } else {
                 std::fprintf(stderr,
                              "usage: bulkhead_neighbour_bench --conninfo CONNINFO --pgbench PATH --prefix PATH "
-                             "[--phase SECONDS] [--quick]\n");
+                             "[--phase SECONDS] [--quick] [--throughput-tolerance X]\n");
                 return 2;
             }
         }
