@@ -480,8 +480,8 @@ template <class T, class Parse>
             std::snprintf(text_of.data(), text_of.size(), "%g", number);
             return std::string(text_of.data());
         };
-        throw std::invalid_argument(option + " wants a number from " + shown(at_least) + " to " +
-                                    shown(at_most) + ", not '" + text.substr(0, 20) + "'");
+        throw std::invalid_argument(option + " wants a number from " + shown(at_least) + " to " + shown(at_most) +
+                                    ", not '" + text.substr(0, 20) + "'");
     }
     return *value;
 }

@@ -344,8 +344,8 @@ int run(const settings& config) {
                 const limit_sample at = sample_at(samples, from + bucket / 2);
                 csv << format("%s,%s,%.2f,%.1f,%.3f,%.1f,%d,%.3f\n", loop, plan_of_arm.name.c_str(),
                               (static_cast<double>(from) + static_cast<double>(bucket) / 2.0) / 1e9, s.goodput,
-                              s.admitted_p99_ms, static_cast<double>(s.rejected_full + s.rejected_wait) / 0.5,
-                              at.limit, static_cast<double>(at.baseline_ns) / 1e6);
+                              s.admitted_p99_ms, static_cast<double>(s.rejected_full + s.rejected_wait) / 0.5, at.limit,
+                              static_cast<double>(at.baseline_ns) / 1e6);
             }
         }
     }
