@@ -29,6 +29,10 @@
 //      throughput_tolerance x the baseline: a step up is judged on the
 //      mean of the two intervals after it, against the calls finished per
 //      second at the limit before it:
+//      - at the same calls per second, the time a call spends in the gate
+//        (its wait for a permit plus its hold) fell by the gain asked
+//        below, and the fall came from the wait: a gain (an open loop,
+//        whose arrivals are fixed, can only gain this way);
 //      - the extra permits went unused (the calls in flight on average,
 //        the permit holds over the interval's length, rose by less than
 //        half the added permits, or no call found a permit lacking): no
@@ -43,7 +47,8 @@
 //        back (a rule-5 step stays: the latency rules allowed it), and
 //        rule 5b waits 8 intervals before it steps again;
 //      with no step pending, limited and at least 3/4 of the permits busy
-//      on average, rule 5b steps up by max(1, L/4), but not beyond
+//      on average (or the calls waiting for a permit at least a fifth of
+//      their time in the gate), rule 5b steps up by max(1, L/4), but not beyond
 //      L x throughput_tolerance / ratio (where the hold would reach the
 //      bound if it grew in proportion, as it does once throughput is
 //      flat), one permit at least; at the floor, where rule 4 has nothing
@@ -54,7 +59,11 @@
 // Rule 5b exists for a CPU-bound server shared by callers, backends and
 // neighbours: every call in flight lengthens every call while throughput
 // still grows, so the hold passes the headroom long before the server is
-// saturated, and the latency rules alone stop early. Rule 5b accepts a
+// saturated, and the latency rules alone stop early. In an open loop
+// (arrivals at a rate of their own) the same hold stops them where the
+// permits are nearly all busy and calls queue for them; a step up there
+// buys no calls per second, only a shorter wait, and rule 5b takes that
+// as a gain too. Rule 5b accepts a
 // rise in latency that buys throughput, up to throughput_tolerance (2x:
 // the calls' latency stays within about twice what they cost uncongested),
 // and backs off when a larger limit bought none. It never stands in the
@@ -178,9 +187,13 @@ struct interval_sample {
     std::chrono::nanoseconds held{0};    ///< the sum of their permit holds
     std::int64_t inside = 0;             ///< calls holding a permit at the end of the interval
     bool limited = false;                ///< some call found no permit free (it queued or was turned away)
-    std::int64_t saturated = 0;          ///< of `calls`: failed with SQLSTATE class 53
-    std::int64_t timeouts = 0;           ///< of `calls`: statement or lock timeouts, pool timeouts
-    std::int64_t conflicts = 0;          ///< of `calls`: serialization failures and deadlocks
+    /// The sum of the permit waits that ended in the interval, with a
+    /// permit or without (a call that found one free waited nothing).
+    /// Zero where the waits are not timed (enter()).
+    std::chrono::nanoseconds waited{0};
+    std::int64_t saturated = 0;  ///< of `calls`: failed with SQLSTATE class 53
+    std::int64_t timeouts = 0;   ///< of `calls`: statement or lock timeouts, pool timeouts
+    std::int64_t conflicts = 0;  ///< of `calls`: serialization failures and deadlocks
 };
 
 /// The rules of the file comment, as a plain value: feed it one
@@ -313,7 +326,8 @@ private:
         const auto bound =
             static_cast<int>(std::floor(static_cast<double>(m_limit) * m_options.throughput_tolerance / ratio));
         const int next = std::max(m_limit + 1, std::min(m_limit + std::max(1, m_limit / 4), bound));
-        if (sample.limited && next > m_limit && m_cooldown == 0 && now.occupancy >= busy * m_limit) {
+        const bool waiting = now.wait >= waiting_share * now.in_gate;
+        if (sample.limited && next > m_limit && m_cooldown == 0 && (now.occupancy >= busy * m_limit || waiting)) {
             grow(next, now, true);
             return limit_reason::throughput;
         }
@@ -324,6 +338,8 @@ private:
     struct interval_figures {
         double rate = 0.0;       // calls finished per second
         double occupancy = 0.0;  // calls in flight on average: the permit holds over the interval's length
+        double wait = 0.0;       // seconds waited for a permit, per finished call
+        double in_gate = 0.0;    // wait plus hold, per finished call (seconds)
         bool limited = false;
     };
 
@@ -348,6 +364,11 @@ private:
             result.rate = static_cast<double>(std::max<std::int64_t>(sample.calls, 0)) / seconds;
             result.occupancy = std::chrono::duration<double>(sample.held).count() / seconds;
         }
+        if (sample.calls > 0) {
+            const auto calls = static_cast<double>(sample.calls);
+            result.wait = std::chrono::duration<double>(sample.waited).count() / calls;
+            result.in_gate = result.wait + std::chrono::duration<double>(sample.held).count() / calls;
+        }
         result.limited = sample.limited;
         if (m_figures_limit != m_limit) {
             m_figures_limit = m_limit;
@@ -358,6 +379,8 @@ private:
         const auto weight = 1.0 / static_cast<double>(m_figures_count);
         m_figures.rate += (result.rate - m_figures.rate) * weight;
         m_figures.occupancy += (result.occupancy - m_figures.occupancy) * weight;
+        m_figures.wait += (result.wait - m_figures.wait) * weight;
+        m_figures.in_gate += (result.in_gate - m_figures.in_gate) * weight;
         m_figures.limited = m_figures.limited && result.limited;
         return m_figures;
     }
@@ -376,14 +399,25 @@ private:
             return verdict::pending;
         }
         m_probe_to = 0;
+        const double step = static_cast<double>(to) / static_cast<double>(from) - 1.0;
+        const double needed = std::clamp(gain_share * step, min_gain, max_gain);
+        // A shorter wait: at the same calls per second, the calls spent
+        // `needed` less time in the gate, saved on their wait for a permit.
+        // Where the arrivals are fixed (an open loop) a step cannot buy
+        // calls per second, only this; in a closed loop the time in the
+        // gate is the callers over the calls per second, so this is a gain
+        // in throughput by another name.
+        const double saved = m_probe_in_gate * needed;
+        if (m_probe_wait > 0.0 && now.rate >= m_probe_rate * (1.0 - min_gain) && m_probe_wait - now.wait >= saved &&
+            m_probe_in_gate - now.in_gate >= saved) {
+            return verdict::gain;
+        }
         // Used: the calls in flight rose by at least half the added permits,
         // and calls still found none free.
         const auto added = static_cast<double>(to - from);
         if (!now.limited || now.occupancy < m_probe_occupancy + added / 2.0) {
             return verdict::unused;
         }
-        const double step = static_cast<double>(to) / static_cast<double>(from) - 1.0;
-        const double needed = std::clamp(gain_share * step, min_gain, max_gain);
         return now.rate >= m_probe_rate * (1.0 + needed) ? verdict::gain : verdict::no_gain;
     }
 
@@ -394,6 +428,8 @@ private:
         m_probe_back = m_limit;
         m_probe_rate = now.rate;
         m_probe_occupancy = now.occupancy;
+        m_probe_wait = now.wait;
+        m_probe_in_gate = now.in_gate;
         set(limit);
         m_probe_to = m_limit;
     }
@@ -471,10 +507,12 @@ private:
     int m_probe_to = 0;
     double m_probe_rate = 0.0;
     double m_probe_occupancy = 0.0;
-    bool m_probe_was_5b = false;  // the step was rule 5b's (else rule 5's)
-    int m_vouched = 0;            // the highest limit a step up to which bought throughput, since the last cut
-    int m_vouch_left = 0;         // intervals until m_vouched lapses
-    int m_cooldown = 0;           // intervals until rule 5b may step up again after a step that bought nothing
+    double m_probe_wait = 0.0;     // seconds waited for a permit per call, at m_probe_back
+    double m_probe_in_gate = 0.0;  // that wait plus the hold
+    bool m_probe_was_5b = false;   // the step was rule 5b's (else rule 5's)
+    int m_vouched = 0;             // the highest limit a step up to which bought throughput, since the last cut
+    int m_vouch_left = 0;          // intervals until m_vouched lapses
+    int m_cooldown = 0;            // intervals until rule 5b may step up again after a step that bought nothing
     // The figures at the current limit (interval_figures), averaged.
     int m_figures_limit = 0;
     int m_figures_count = 0;
@@ -488,6 +526,10 @@ private:
     /// Rule 5b steps up only when the permits are busy: on average at least
     /// this share of them held over the interval.
     static constexpr double busy = 0.75;
+    /// ... or when the calls spent at least this share of their time in
+    /// the gate waiting for a permit (an open loop below its capacity,
+    /// where the permits are not all busy but the queue is long).
+    static constexpr double waiting_share = 0.2;
     /// Intervals without a rule-5b step after one that bought nothing.
     static constexpr int probe_pause = 8;
     /// Intervals a step's gain vouches for its limit (above the
@@ -545,6 +587,14 @@ public:
         }
     }
 
+    /// A call's wait for a permit ended after `how_long`, with a permit or
+    /// without.
+    void waited(std::chrono::nanoseconds how_long) noexcept {
+        if (how_long.count() > 0) {
+            m_waited_ns.fetch_add(how_long.count(), std::memory_order_relaxed);
+        }
+    }
+
     /// A finished call failed in a way that says the database is loaded.
     void overloaded(overload_kind kind) noexcept {
         switch (kind) {
@@ -579,6 +629,7 @@ public:
         sample.calls = m_calls.exchange(0, std::memory_order_relaxed);
         sample.held = std::chrono::nanoseconds(m_held_ns.exchange(0, std::memory_order_relaxed));
         sample.limited = m_limited.exchange(false, std::memory_order_relaxed);
+        sample.waited = std::chrono::nanoseconds(m_waited_ns.exchange(0, std::memory_order_relaxed));
         sample.saturated = m_saturated.exchange(0, std::memory_order_relaxed);
         sample.timeouts = m_timeouts.exchange(0, std::memory_order_relaxed);
         sample.conflicts = m_conflicts.exchange(0, std::memory_order_relaxed);
@@ -616,6 +667,7 @@ private:
     alignas(64) std::atomic<std::int64_t> m_calls{0};
     std::atomic<std::int64_t> m_held_ns{0};
     std::atomic<bool> m_limited{false};
+    std::atomic<std::int64_t> m_waited_ns{0};
     std::atomic<std::int64_t> m_saturated{0};
     std::atomic<std::int64_t> m_timeouts{0};
     std::atomic<std::int64_t> m_conflicts{0};

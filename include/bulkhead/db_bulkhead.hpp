@@ -443,6 +443,19 @@ public:
         }
     }
 
+    /// A call's wait for a permit ended after `how_long` (with a permit or
+    /// without): an adaptive limit weighs it when it judges a step up.
+    void waited(std::chrono::nanoseconds how_long, int workload) noexcept {
+        if (m_adaptive) {
+            m_adaptive->waited(how_long);
+        }
+        if (workload >= 0) [[unlikely]] {
+            if (adaptive_gate* adapting = class_adaptive(workload)) {
+                adapting->waited(how_long);
+            }
+        }
+    }
+
     /// A call failed in a way that bears on the database's load.
     void overloaded(overload_kind kind, int workload = -1) noexcept {
         if (m_adaptive) {
@@ -1194,6 +1207,7 @@ private:
         if (limit.workload >= 0) {
             m_core.m_classes->permit_wait(limit.workload).record(waited);
         }
+        m_core.waited(waited, limit.workload);
     }
 
     /// Both admission stages. Returns a permit or why there is none. With

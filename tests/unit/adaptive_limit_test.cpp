@@ -17,9 +17,11 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <queue>
 #include <random>
 #include <string>
 #include <thread>
@@ -328,6 +330,156 @@ TEST_CASE("[G4] extra permits that go unused prove nothing, and a no-gain verdic
     }
 }
 
+namespace {
+
+/// An open loop in front of a CPU-bound server, event by event: Poisson
+/// arrivals at `per_ms` calls per millisecond queue (FIFO) for the limit's
+/// permits and give up after a queue wait of 50 ms. A call's hold is
+/// exponential, its mean 1 ms x (1 + `lengthen` x the calls already in
+/// flight when it starts): every call in flight lengthens the ones after
+/// it. The arrivals are fixed, so above the load a larger limit cannot buy
+/// calls per second, only a shorter wait for a permit.
+class open_loop {
+public:
+    open_loop(double per_ms, double lengthen) : m_per_ms(per_ms), m_lengthen(lengthen) { m_next_arrival = arrival(); }
+
+    /// One 250 ms interval at `limit` (a limit that shrank below the calls
+    /// in flight lets them finish).
+    interval_sample interval(int limit) {
+        interval_sample sample;
+        sample.length = 250ms;
+        const double end = m_now + 250.0;
+        double held = 0.0;
+        double waited = 0.0;
+        for (;;) {
+            const double finish = m_running.empty() ? end : m_running.top().first;
+            const double give_up = m_queue.empty() ? end : m_queue.front() + queue_wait_ms;
+            const double next = std::min({finish, give_up, m_next_arrival, end});
+            m_now = next;
+            if (next >= end) {
+                break;
+            }
+            if (next == finish) {
+                held += finish - m_running.top().second;
+                m_running.pop();
+                ++sample.calls;
+            } else if (next == give_up) {
+                waited += queue_wait_ms;
+                m_queue.pop_front();
+                ++m_gave_up;
+            } else {
+                if (std::ssize(m_running) >= limit || !m_queue.empty()) {
+                    sample.limited = true;
+                }
+                m_queue.push_back(m_now);
+                m_next_arrival = m_now + arrival();
+                ++m_arrived;
+            }
+            while (!m_queue.empty() && std::ssize(m_running) < limit) {
+                const double wait = m_now - m_queue.front();
+                waited += wait;
+                m_queue.pop_front();
+                std::exponential_distribution<double> hold(1.0 /
+                                                           (1.0 + m_lengthen * static_cast<double>(m_running.size())));
+                m_running.emplace(m_now + hold(m_random), m_now);
+                m_in_gate += wait;
+            }
+        }
+        sample.held = std::chrono::nanoseconds(static_cast<std::int64_t>(held * 1e6));
+        sample.waited = std::chrono::nanoseconds(static_cast<std::int64_t>(waited * 1e6));
+        sample.inside = std::ssize(m_running);
+        m_calls += sample.calls;
+        m_in_gate += held;
+        m_held += held;
+        return sample;
+    }
+
+    /// Since the last reset(): the mean time a finished call spent in the
+    /// gate (its wait for a permit and its hold, ms), its mean hold, and the
+    /// share of the arrivals that gave up waiting.
+    [[nodiscard]] double mean_in_gate_ms() const {
+        return m_in_gate / static_cast<double>(std::max<std::int64_t>(m_calls, 1));
+    }
+    [[nodiscard]] double mean_hold_ms() const {
+        return m_held / static_cast<double>(std::max<std::int64_t>(m_calls, 1));
+    }
+    [[nodiscard]] double gave_up() const {
+        return static_cast<double>(m_gave_up) / static_cast<double>(std::max<std::int64_t>(m_arrived, 1));
+    }
+    void reset() {
+        m_in_gate = 0.0;
+        m_held = 0.0;
+        m_calls = 0;
+        m_gave_up = 0;
+        m_arrived = 0;
+    }
+
+private:
+    static constexpr double queue_wait_ms = 50.0;
+
+    double arrival() { return std::exponential_distribution<double>(m_per_ms)(m_random); }
+
+    double m_per_ms;
+    double m_lengthen;
+    std::mt19937 m_random{20261204};
+    double m_now = 0.0;
+    double m_next_arrival = 0.0;
+    std::deque<double> m_queue;  // arrival times
+    // (finish, start) of the calls holding a permit, the first to finish on top
+    std::priority_queue<std::pair<double, double>, std::vector<std::pair<double, double>>, std::greater<>> m_running;
+    double m_in_gate = 0.0;
+    double m_held = 0.0;
+    std::int64_t m_calls = 0;
+    std::int64_t m_gave_up = 0;
+    std::int64_t m_arrived = 0;
+};
+
+}  // namespace
+
+TEST_CASE("[G4] in an open loop the adaptive limit grows while a step shortens the wait for a permit",
+          "[G4][adaptive][throughput]") {
+    // 1.5 calls per ms, each call in flight lengthening the next by 30 %:
+    // about 1.9 calls in flight, their hold near 1.3x what one costs alone
+    // (between the headroom and the tolerance), so the latency rules stop
+    // at 2 or 3, where the permits are nearly always all busy and the
+    // calls queue for them.
+    const auto settle = [](const adaptive_options& options, std::vector<int>& limits) {
+        open_loop loop(1.5, 0.3);
+        limit_controller controller(options, 64);
+        for (int i = 0; i < 20 * per_second; ++i) {
+            (void)controller.update(loop.interval(controller.limit()));
+        }
+        loop.reset();
+        for (int i = 0; i < 5 * 60 * per_second; ++i) {
+            limits.push_back(controller.update(loop.interval(controller.limit())));
+        }
+        return loop;
+    };
+    std::vector<int> alone;
+    const open_loop by_latency = settle(latency_only, alone);
+    std::vector<int> with_5b;
+    const open_loop adaptive = settle(adaptive_options{}, with_5b);
+    const int highest = *std::max_element(with_5b.begin(), with_5b.end());
+    INFO("latency rules alone: median " << median(alone) << ", in the gate " << by_latency.mean_in_gate_ms()
+                                        << " ms, gave up " << by_latency.gave_up() << "; with rule 5b: median "
+                                        << median(with_5b) << ", highest " << highest << ", in the gate "
+                                        << adaptive.mean_in_gate_ms() << " ms (holding " << adaptive.mean_hold_ms()
+                                        << " ms), gave up " << adaptive.gave_up());
+    CHECK(median(alone) <= 3);
+    CHECK(median(with_5b) >= 4);
+    // Not past where a step stops shortening the wait: the load needs
+    // about 2 permits, so beyond about 6 nothing is left to save.
+    CHECK(highest <= 8);
+    // The calls wait for a permit on average less than they hold one
+    // (judged by throughput alone, rule 5b stops at 3, where the mean wait
+    // is over three times the hold: 6.2 ms in the gate, 1.5 ms holding).
+    CHECK(adaptive.mean_in_gate_ms() <= 2.0 * adaptive.mean_hold_ms());
+    CHECK(adaptive.mean_in_gate_ms() <= 0.2 * by_latency.mean_in_gate_ms());
+    CHECK(adaptive.gave_up() <= by_latency.gave_up());
+    // Within the throughput tolerance: the hold is what the load makes it.
+    CHECK(adaptive.mean_hold_ms() <= adaptive_options{}.throughput_tolerance * 1.0);
+}
+
 TEST_CASE("[G6] the adaptive limit never exceeds the ceiling nor falls below the floor, whatever it is fed",
           "[G6][adaptive]") {
     std::mt19937 random(6);
@@ -346,6 +498,7 @@ TEST_CASE("[G6] the adaptive limit never exceeds the ceiling nor falls below the
             sample.held = std::chrono::microseconds(hold_us(random) * std::max<std::int64_t>(sample.calls, 1));
             sample.inside = calls(random) % (ceiling + 1);
             sample.limited = coin(random) < 7;
+            sample.waited = coin(random) < 5 ? std::chrono::microseconds(hold_us(random) * sample.calls) : 0ns;
             sample.saturated = coin(random) == 0 ? 1 : 0;
             sample.timeouts = coin(random) == 1 ? calls(random) : 0;
             sample.conflicts = coin(random) == 2 ? calls(random) : 0;
