@@ -47,6 +47,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace bulkhead_bench {
@@ -97,6 +98,11 @@ public:
     [[nodiscard]] int limit() const noexcept { return m_gate.limit(); }
     /// The adaptive limit's latency baseline (zero for a fixed gate).
     [[nodiscard]] std::chrono::nanoseconds baseline() const { return m_gate.stats().latency_baseline; }
+    /// The gate's running mean permit hold, and why its limit last changed.
+    [[nodiscard]] std::pair<std::chrono::nanoseconds, bulkhead::limit_reason> hold_and_reason() const {
+        const bulkhead::gate_stats stats = m_gate.stats();
+        return {stats.mean_permit_hold, stats.limit_reason};
+    }
 
 private:
     using gate_type = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
@@ -164,6 +170,8 @@ struct limit_sample {
     std::int64_t t_ns = 0;  ///< since the start
     int limit = 0;
     std::int64_t baseline_ns = 0;
+    std::int64_t mean_hold_ns = 0;  ///< the gate's running mean permit hold
+    bulkhead::limit_reason reason = bulkhead::limit_reason::initial;
 };
 
 /// The limit and the latency baseline every 100 ms.
@@ -173,9 +181,12 @@ public:
         m_thread = std::thread([this, &target] {
             const clock::time_point start = clock::now();
             while (!m_stop.load()) {
+                const auto [hold, reason] = target.hold_and_reason();
                 m_samples.push_back({.t_ns = nanoseconds_between(start, clock::now()),
                                      .limit = target.limit(),
-                                     .baseline_ns = target.baseline().count()});
+                                     .baseline_ns = target.baseline().count(),
+                                     .mean_hold_ns = hold.count(),
+                                     .reason = reason});
                 std::this_thread::sleep_for(100ms);  // the sampling period
             }
         });
@@ -279,7 +290,7 @@ int run(const settings& config) {
     const std::int64_t phase_ns = std::chrono::nanoseconds(config.phase).count();
     std::vector<phase_row> rows;
     std::ofstream csv(config.prefix + "-neighbour.csv");
-    csv << "loop,arm,t_s,goodput,admitted_p99_ms,rejected_rate,limit,baseline_ms\n";
+    csv << "loop,arm,t_s,goodput,admitted_p99_ms,rejected_rate,limit,baseline_ms,mean_hold_ms,limit_reason\n";
     std::uint64_t seed = 11;
     for (const char* loop : {"open", "closed"}) {
         for (const arm_plan& plan_of_arm : arms) {
@@ -342,10 +353,11 @@ int run(const settings& config) {
             for (std::int64_t from = 0; from < 3 * phase_ns; from += bucket) {
                 const run_summary s = summarize(records.calls, call_deadline, 0.5, from, from + bucket);
                 const limit_sample at = sample_at(samples, from + bucket / 2);
-                csv << format("%s,%s,%.2f,%.1f,%.3f,%.1f,%d,%.3f\n", loop, plan_of_arm.name.c_str(),
+                csv << format("%s,%s,%.2f,%.1f,%.3f,%.1f,%d,%.3f,%.3f,%s\n", loop, plan_of_arm.name.c_str(),
                               (static_cast<double>(from) + static_cast<double>(bucket) / 2.0) / 1e9, s.goodput,
                               s.admitted_p99_ms, static_cast<double>(s.rejected_full + s.rejected_wait) / 0.5, at.limit,
-                              static_cast<double>(at.baseline_ns) / 1e6);
+                              static_cast<double>(at.baseline_ns) / 1e6, static_cast<double>(at.mean_hold_ns) / 1e6,
+                              std::string(bulkhead::to_string(at.reason)).c_str());
             }
         }
     }
