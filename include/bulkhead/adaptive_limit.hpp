@@ -18,9 +18,11 @@
 //      tolerance x the baseline: stalled, L x 1/2;
 //   4. the mean permit hold over throughput_tolerance x the baseline, or
 //      over tolerance x the baseline at a limit that rule 5b has not
-//      vouched for: L x tolerance / ratio, kept within [1/2, 9/10] (the
-//      further off, the faster down); a rule-5b step still being judged
-//      goes back to where it started instead;
+//      vouched for, in this interval and the one before (the lower of the
+//      two ratios counts: one interval's spike is noise): L x tolerance /
+//      ratio, kept within [1/2, 9/10] (the further off, the faster down);
+//      a rule-5b step still being judged goes back to where it started
+//      instead;
 //   5. the mean hold within headroom x the baseline and the limit was
 //      reached (a call found no permit free): L x 2 until the first
 //      decrease (a slow start from the floor, where the gate begins, so
@@ -258,6 +260,11 @@ private:
         }
         const double mean = static_cast<double>(sample.held.count()) / finished;
         const double ratio = mean / m_baseline_ns;
+        // Rule 4 cuts on a latency that lasted: the lower of this
+        // interval's ratio and the last one's. One interval's mean can jump
+        // several-fold when a neighbour's burst takes the CPU.
+        const double sustained = std::min(ratio, m_last_ratio);
+        m_last_ratio = ratio;
         follow_baseline(mean, ratio, sample.limited);
         const interval_figures now = figures(sample);
         const verdict said = judge_probe();
@@ -280,8 +287,8 @@ private:
         // at the floor, where rule 4 has nothing to cut, rule 5b may try a
         // step; the throughput tolerance always applies.
         const bool judging = said == verdict::pending && m_probe_was_5b;
-        if (ratio > m_options.throughput_tolerance ||
-            (ratio > m_options.tolerance && m_limit > m_vouched && !judging && m_limit > m_options.floor)) {
+        if (sustained > m_options.throughput_tolerance ||
+            (sustained > m_options.tolerance && m_limit > m_vouched && !judging && m_limit > m_options.floor)) {
             if (said != verdict::none && said != verdict::gain && m_probe_was_5b) {
                 // Rule 5b's step went too far, or bought nothing: back to
                 // where it started.
@@ -291,7 +298,8 @@ private:
                 return said == verdict::no_gain ? limit_reason::no_gain : limit_reason::latency;
             }
             const int vouched = m_vouched;
-            const limit_reason reason = scale(std::clamp(m_options.tolerance / ratio, 0.5, 0.9), limit_reason::latency);
+            const limit_reason reason =
+                scale(std::clamp(m_options.tolerance / sustained, 0.5, 0.9), limit_reason::latency);
             // Below the limit that was too slow, what bought throughput still did.
             m_vouched = std::min(vouched, m_limit);
             return reason;
@@ -499,6 +507,7 @@ private:
     limit_reason m_reason = limit_reason::initial;
     std::uint64_t m_changes = 0;
     double m_baseline_ns = 0.0;  // 0: not known yet
+    double m_last_ratio = 0.0;   // the last interval's mean hold over the baseline
     bool m_slow_start = true;    // no sign of congestion yet: the limit doubles
     // Rule 5b. The step up taken at the last update: from m_probe_back to
     // m_probe_to (0: none pending), and the throughput and occupancy

@@ -118,6 +118,18 @@ TEST_CASE("[G3] the adaptive limit falls within 2 s of the database slowing down
         CHECK(took <= 2 * per_second);
         CHECK(controller.reason() == limit_reason::latency);
     }
+    SECTION("one interval's latency spike does not cut; the same in two intervals in a row does") {
+        // A neighbour's burst can take the CPU for one interval: the mean
+        // hold jumps fivefold, then falls back.
+        std::mt19937 random(3);
+        const int spiked = controller.update(limited_interval(quiet, 5.0 * database.mean_ms(quiet), random));
+        CHECK(spiked >= quiet);
+        const int normal = controller.update(database.interval(spiked));
+        const int once_more = controller.update(limited_interval(normal, 5.0 * database.mean_ms(normal), random));
+        CHECK(once_more >= normal);
+        CHECK(controller.update(limited_interval(once_more, 5.0 * database.mean_ms(once_more), random)) < once_more);
+        CHECK(controller.reason() == limit_reason::latency);
+    }
     SECTION("every call stalls: none finishes") {
         interval_sample stalled;
         stalled.length = 250ms;
@@ -146,7 +158,8 @@ TEST_CASE("[G4] the adaptive limit rises back within 5 s of the database's recov
     (void)run(controller, database, 20 * per_second);
     const int quiet = controller.limit();
     database.set_neighbour(32.0);
-    const auto [lowest, highest] = run(controller, database, 60 * per_second);  // a minute of neighbour
+    (void)run(controller, database, 2 * per_second);                            // G3's two seconds to come down
+    const auto [lowest, highest] = run(controller, database, 58 * per_second);  // the rest of a minute of neighbour
     INFO("quiet " << quiet << ", under the neighbour " << lowest << ".." << highest);
     CHECK(highest < quiet);
     database.set_neighbour(0.0);
