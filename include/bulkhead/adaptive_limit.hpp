@@ -330,7 +330,8 @@ private:
         // A step of a quarter, but no further than where the hold would
         // reach throughput_tolerance x the baseline if it grew in proportion
         // (as it does once throughput is flat); one permit at least (a
-        // step that goes too far is back after one interval).
+        // step that goes too far is back after the two intervals that
+        // judge it).
         const auto bound =
             static_cast<int>(std::floor(static_cast<double>(m_limit) * m_options.throughput_tolerance / ratio));
         const int next = std::max(m_limit + 1, std::min(m_limit + std::max(1, m_limit / 4), bound));
