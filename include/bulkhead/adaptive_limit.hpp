@@ -100,7 +100,6 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <utility>
 
 namespace bulkhead {
 
@@ -114,12 +113,10 @@ enum class limit_reason : std::uint8_t {
     recovered,   ///< the mean permit hold is back near the baseline and the limit was reached
     throughput,  ///< the last step up bought throughput: the limit grows on, past the headroom
     no_gain,     ///< a step up whose extra permits were used bought no throughput: back to the limit before it
-    cut_undone,  ///< a latency cut did not shorten the hold: the slowdown is not the gate's doing, back to the limit
-                 ///< before it
 };
 
 /// The number of limit_reason values.
-inline constexpr std::size_t limit_reason_count = 9;
+inline constexpr std::size_t limit_reason_count = 8;
 
 /// A short, stable, lower-case name for `reason` ("latency", ...), for
 /// metric labels and logs.
@@ -141,8 +138,6 @@ inline constexpr std::size_t limit_reason_count = 9;
             return "throughput";
         case limit_reason::no_gain:
             return "no_gain";
-        case limit_reason::cut_undone:
-            return "cut_undone";
     }
     return "unknown";
 }
@@ -268,21 +263,10 @@ private:
         // Rule 4 cuts on a latency that lasted: the lower of this
         // interval's ratio and the last one's. One interval's mean can jump
         // several-fold when a neighbour's burst takes the CPU.
-        const double lasted = std::min(ratio, m_last_ratio);
-        // Good news must last two intervals too before the slowdown that
-        // an undone cut found (rule 4b) is forgotten.
-        follow_slowdown(std::max(ratio, m_last_ratio));
+        const double sustained = std::min(ratio, m_last_ratio);
         m_last_ratio = ratio;
-        const double last_mean = std::exchange(m_last_mean, mean);
         follow_baseline(mean, ratio, sample.limited);
         const interval_figures now = figures(sample);
-        if (judge_cut(mean, sample.limited) == cut_verdict::not_ours) {
-            return limit_reason::cut_undone;
-        }
-        // The latency rules read the hold against the baseline times the
-        // slowdown that a cut found not to be the gate's doing.
-        const double sustained = lasted / m_slowdown;
-        const double relative = ratio / m_slowdown;
         const verdict said = judge_probe();
         if (m_cooldown > 0) {
             --m_cooldown;
@@ -303,11 +287,8 @@ private:
         // at the floor, where rule 4 has nothing to cut, rule 5b may try a
         // step; the throughput tolerance always applies.
         const bool judging = said == verdict::pending && m_probe_was_5b;
-        // A cut still being judged (rule 4b) is not cut again: the hold at
-        // the lower limit is what judges it.
-        if (m_cut_to == 0 && (sustained > m_options.throughput_tolerance ||
-                              (sustained > m_options.tolerance && m_limit > m_vouched && !judging &&
-                               m_limit > m_options.floor))) {
+        if (sustained > m_options.throughput_tolerance ||
+            (sustained > m_options.tolerance && m_limit > m_vouched && !judging && m_limit > m_options.floor)) {
             if (said != verdict::none && said != verdict::gain && m_probe_was_5b) {
                 // Rule 5b's step went too far, or bought nothing: back to
                 // where it started.
@@ -317,15 +298,13 @@ private:
                 return said == verdict::no_gain ? limit_reason::no_gain : limit_reason::latency;
             }
             const int vouched = m_vouched;
-            const int from = m_limit;
             const limit_reason reason =
                 scale(std::clamp(m_options.tolerance / sustained, 0.5, 0.9), limit_reason::latency);
             // Below the limit that was too slow, what bought throughput still did.
             m_vouched = std::min(vouched, m_limit);
-            start_cut_judgement(from, (mean + last_mean) / 2.0);
             return reason;
         }
-        if (relative <= m_options.headroom) {
+        if (ratio <= m_options.headroom) {
             // The latency rules' growth: never held back by the throughput rule.
             if (sample.limited && m_limit < m_ceiling) {
                 // Doubling until the first sign of congestion, then by a quarter.
@@ -345,11 +324,7 @@ private:
             set(m_probe_back);  // rule 5b's step said nothing: undone, not judged
             return m_reason;
         }
-        if (said == verdict::pending || ratio > m_options.throughput_tolerance) {
-            // Rule 5b's bound is on the hold itself: past it (a slowdown
-            // that is not the gate's doing lets rule 4 allow that) a step
-            // could only take a larger share from whoever slows the
-            // database down.
+        if (said == verdict::pending) {
             return m_reason;
         }
         // A step of a quarter, but no further than where the hold would
@@ -468,67 +443,6 @@ private:
         m_probe_to = m_limit;
     }
 
-    /// What the intervals after a rule-4 cut say of it (rule 4b).
-    enum class cut_verdict : std::uint8_t {
-        none,      // no cut being judged, or still too few intervals
-        ours,      // the hold fell: the gate's own load was (part of) the congestion
-        not_ours,  // it did not: the cut is undone
-    };
-
-    void start_cut_judgement(int from, double hold_ns) noexcept {
-        m_cut_from = from;
-        // A cut too small to tell from the noise is not judged.
-        m_cut_to = static_cast<double>(m_limit) <= judged_cut * static_cast<double>(from) ? m_limit : 0;
-        m_cut_hold = hold_ns;
-        m_cut_held = 0.0;
-        m_cut_count = 0;
-        m_cut_bound = true;
-    }
-
-    /// Folds this interval's mean hold into the judgement of the cut
-    /// taken last; once judged_intervals are in, a cut that did not
-    /// shorten the hold by cut_share x its share of the limit is undone,
-    /// and the hold at the lower limit becomes the slowdown that the
-    /// latency rules allow for.
-    cut_verdict judge_cut(double mean_ns, bool limited) noexcept {
-        if (m_cut_to == 0) {
-            return cut_verdict::none;
-        }
-        if (m_cut_to != m_limit) {  // another rule moved the limit since: nothing to judge
-            m_cut_to = 0;
-            return cut_verdict::none;
-        }
-        m_cut_held += mean_ns;
-        m_cut_bound = m_cut_bound && limited;
-        if (++m_cut_count < judged_intervals) {
-            return cut_verdict::none;
-        }
-        if (!m_cut_bound) {
-            // The lower limit held nobody back: the cut cannot have
-            // changed the hold, and says nothing of it.
-            m_cut_to = 0;
-            return cut_verdict::none;
-        }
-        const double after = m_cut_held / static_cast<double>(m_cut_count);
-        const double share = 1.0 - static_cast<double>(m_cut_to) / static_cast<double>(m_cut_from);
-        m_cut_to = 0;
-        if (after <= m_cut_hold * (1.0 - cut_share * share)) {
-            return cut_verdict::ours;
-        }
-        m_slowdown = std::max(m_slowdown, after / m_baseline_ns);
-        m_slow_start = false;
-        set(m_cut_from);
-        return cut_verdict::not_ours;
-    }
-
-    /// The slowdown follows good news (a ratio below it, in this interval
-    /// and the one before) half-way per interval, down to 1.
-    void follow_slowdown(double ratio) noexcept {
-        if (ratio < m_slowdown) {
-            m_slowdown = std::max(1.0, m_slowdown + (ratio - m_slowdown) / 2.0);
-        }
-    }
-
     void learn_first_baseline(const interval_sample& sample) noexcept {
         if (sample.calls >= m_options.min_samples) {
             m_baseline_ns = std::max(1.0, static_cast<double>(sample.held.count()) / static_cast<double>(sample.calls));
@@ -595,20 +509,6 @@ private:
     std::uint64_t m_changes = 0;
     double m_baseline_ns = 0.0;  // 0: not known yet
     double m_last_ratio = 0.0;   // the last interval's mean hold over the baseline
-    double m_last_mean = 0.0;    // the last interval's mean hold (ns)
-    // Rule 4b. The slowdown that an undone cut found: the hold at the
-    // lower limit over the baseline (1: none). The latency rules read the
-    // hold against the baseline times this.
-    double m_slowdown = 1.0;
-    // The rule-4 cut taken last, being judged (m_cut_to 0: none): from
-    // m_cut_from, where the hold was m_cut_hold (ns), and the sum of the
-    // mean holds of the m_cut_count intervals at m_cut_to since.
-    int m_cut_from = 0;
-    int m_cut_to = 0;
-    double m_cut_hold = 0.0;
-    double m_cut_held = 0.0;
-    int m_cut_count = 0;
-    bool m_cut_bound = false;  // every interval since the cut was limited
     bool m_slow_start = true;    // no sign of congestion yet: the limit doubles
     // Rule 5b. The step up taken at the last update: from m_probe_back to
     // m_probe_to (0: none pending), and the throughput and occupancy
@@ -640,12 +540,6 @@ private:
     /// the gate waiting for a permit (an open loop below its capacity,
     /// where the permits are not all busy but the queue is long).
     static constexpr double waiting_share = 0.2;
-    /// A rule-4 cut by a share c of the limit must shorten the hold by
-    /// cut_share x c (a quarter of what it would save if the hold were in
-    /// proportion to the limit), or it is undone (rule 4b).
-    static constexpr double cut_share = 0.0;
-    /// Only a cut to at most this share of the limit is judged.
-    static constexpr double judged_cut = 0.75;
     /// Intervals without a rule-5b step after one that bought nothing.
     static constexpr int probe_pause = 8;
     /// Intervals a step's gain vouches for its limit (above the
