@@ -287,14 +287,8 @@ private:
         // at the floor, where rule 4 has nothing to cut, rule 5b may try a
         // step; the throughput tolerance always applies.
         const bool judging = said == verdict::pending && m_probe_was_5b;
-        // The calls in flight beyond what the baseline explains: those the
-        // database queues (Little's law: in flight x (1 - baseline / hold)).
-        // Fewer than min_excess is not congestion worth a cut: a cut would
-        // cost throughput to save at most that much queueing.
-        const double queued = now_occupancy(sample) * (1.0 - 1.0 / sustained);
-        if (queued >= min_excess &&
-            (sustained > m_options.throughput_tolerance ||
-             (sustained > m_options.tolerance && m_limit > m_vouched && !judging && m_limit > m_options.floor))) {
+        if (sustained > m_options.throughput_tolerance ||
+            (sustained > m_options.tolerance && m_limit > m_vouched && !judging && m_limit > m_options.floor)) {
             if (said != verdict::none && said != verdict::gain && m_probe_was_5b) {
                 // Rule 5b's step went too far, or bought nothing: back to
                 // where it started.
@@ -312,10 +306,7 @@ private:
         }
         if (ratio <= m_options.headroom) {
             // The latency rules' growth: never held back by the throughput rule.
-            // ... and only where the limit is in use: half the permits
-            // busy on average (a call that queued in a burst of arrivals,
-            // with most permits idle, does not say the limit is short).
-            if (sample.limited && m_limit < m_ceiling && now_occupancy(sample) >= in_use * m_limit) {
+            if (sample.limited && m_limit < m_ceiling) {
                 // Doubling until the first sign of congestion, then by a quarter.
                 grow(m_slow_start ? m_limit * 2 : m_limit + std::max(1, m_limit / 4), now, false);
                 return limit_reason::recovered;
@@ -401,11 +392,6 @@ private:
         m_figures.in_gate += (result.in_gate - m_figures.in_gate) * weight;
         m_figures.limited = m_figures.limited && result.limited;
         return m_figures;
-    }
-
-    static double now_occupancy(const interval_sample& sample) noexcept {
-        const auto seconds = std::chrono::duration<double>(sample.length).count();
-        return seconds > 0.0 ? std::chrono::duration<double>(sample.held).count() / seconds : 0.0;
     }
 
     /// Judges the step from m_probe_back to m_limit taken at the last
@@ -554,12 +540,6 @@ private:
     /// the gate waiting for a permit (an open loop below its capacity,
     /// where the permits are not all busy but the queue is long).
     static constexpr double waiting_share = 0.2;
-    /// Rule 4 cuts only when at least this many calls in flight are in
-    /// excess of what the baseline explains (TCP Vegas's alpha).
-    static constexpr double min_excess = 2.0;
-    /// Rule 5 grows a limit only when at least this share of its permits
-    /// were busy on average.
-    static constexpr double in_use = 0.5;
     /// Intervals without a rule-5b step after one that bought nothing.
     static constexpr int probe_pause = 8;
     /// Intervals a step's gain vouches for its limit (above the
