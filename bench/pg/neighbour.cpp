@@ -2,7 +2,7 @@
 // neighbour (docs/adaptive.md, "The noisy neighbour").
 //
 //   bulkhead_neighbour_bench [--conninfo CONNINFO] --pgbench PATH --prefix PATH [--phase SECONDS] [--quick]
-//                            [--throughput-tolerance X]
+//                            [--throughput-tolerance X] [--floor N]
 //
 // CONNINFO defaults to $BULKHEAD_TEST_DATABASE (scripts/bench-neighbour
 // starts a throwaway server and passes it so, keeping the password out of
@@ -22,7 +22,7 @@
 //      default; --quick: 15): neighbour off, on, off, first under the open
 //      loop, then under a closed loop of 64 callers that call again at once.
 //      The arms: a fixed gate at the best B, a fixed gate at B = 64 (too
-//      high), an adaptive gate with floor 1 and ceiling 64.
+//      high), an adaptive gate with floor 1 (--floor N: N) and ceiling 64.
 // Results: PREFIX-neighbour.csv (every loop and arm, 0.5 s buckets: goodput,
 // p99 of admitted calls, rejections, the limit and the adaptive limit's
 // latency baseline), PREFIX-neighbour.md (the
@@ -65,6 +65,8 @@ struct settings {
     /// The adaptive arm's throughput_tolerance (rule 5b's bound); the
     /// library's default unless --throughput-tolerance names another.
     double throughput_tolerance = bulkhead::adaptive_options{}.throughput_tolerance;
+    /// The adaptive arm's floor: 1 unless --floor names another.
+    int floor = 1;
 };
 
 /// A gate in front of its own pool, fixed or adaptive; one call per job.
@@ -73,7 +75,7 @@ public:
     neighbour_arm(const settings& config, std::string name, int permits, bool adaptive)
         : m_name(std::move(name)),
           m_pool(pool_settings(config.conninfo, permits, 1000ms)),
-          m_gate(make_gate(m_pool, permits, adaptive, config.throughput_tolerance)) {}
+          m_gate(make_gate(m_pool, permits, adaptive, config)) {}
 
     [[nodiscard]] std::string label() const override { return m_name; }
     [[nodiscard]] int workers() const override { return 256; }
@@ -107,10 +109,11 @@ public:
 private:
     using gate_type = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
 
-    static gate_type make_gate(bulkhead::pqxx_pool& pool, int permits, bool adaptive, double throughput_tolerance) {
+    static gate_type make_gate(bulkhead::pqxx_pool& pool, int permits, bool adaptive, const settings& config) {
         if (adaptive) {
-            return gate_type(pool, permits, 64,
-                             bulkhead::adaptive_options{.floor = 1, .throughput_tolerance = throughput_tolerance});
+            return gate_type(
+                pool, permits, 64,
+                bulkhead::adaptive_options{.floor = config.floor, .throughput_tolerance = config.throughput_tolerance});
         }
         return gate_type(pool, permits, 64);
     }
@@ -286,7 +289,7 @@ int run(const settings& config) {
     };
     const std::vector<arm_plan> arms = {{"fixed best B = " + std::to_string(best), best, false},
                                         {"fixed B = " + std::to_string(too_high), too_high, false},
-                                        {"adaptive (1..64)", too_high, true}};
+                                        {"adaptive (" + std::to_string(config.floor) + "..64)", too_high, true}};
     const std::int64_t phase_ns = std::chrono::nanoseconds(config.phase).count();
     std::vector<phase_row> rows;
     std::ofstream csv(config.prefix + "-neighbour.csv");
@@ -365,8 +368,8 @@ int run(const settings& config) {
     std::ostringstream report;
     report << "# Noisy neighbour\n\nOffered: " << format("%.0f", rate)
            << " calls/s (70 % of the quiet capacity at B = 4, " << format("%.0f", capacity)
-           << " calls/s); deadline 250 ms; phases of " << config.phase.count()
-           << " s; the adaptive arm's throughput_tolerance " << format("%g", config.throughput_tolerance)
+           << " calls/s); deadline 250 ms; phases of " << config.phase.count() << " s; the adaptive arm's floor "
+           << config.floor << ", throughput_tolerance " << format("%g", config.throughput_tolerance)
            << ".\n\n## The sweep (neighbour on, 10 s each)\n\n"
            << sweep.str() << "\nBest B: " << best << "\n\n## The arms\n\n"
            << "| loop | arm | phase | goodput (calls/s) | p99 of admitted (ms) | rejected | limit (median) | "
@@ -411,12 +414,18 @@ int main(int argc, char** argv) {
                 // From the headroom (rule 5b off), as adaptive_options accepts it.
                 config.throughput_tolerance = bulkhead_bench::ratio_argument(
                     "--throughput-tolerance", value(), bulkhead::adaptive_options{}.headroom, 100);
+            } else if (argument == "--floor") {
+                config.floor = bulkhead_bench::positive_argument("--floor", value());
+                if (config.floor > bulkhead_bench::too_high) {
+                    throw std::invalid_argument("--floor must be at most the adaptive arm's ceiling, " +
+                                                std::to_string(bulkhead_bench::too_high));
+                }
             } else if (argument == "--quick") {
                 config.phase = std::chrono::seconds(15);
             } else {
                 std::fprintf(stderr,
                              "usage: bulkhead_neighbour_bench --conninfo CONNINFO --pgbench PATH --prefix PATH "
-                             "[--phase SECONDS] [--quick] [--throughput-tolerance X]\n");
+                             "[--phase SECONDS] [--quick] [--throughput-tolerance X] [--floor N]\n");
                 return 2;
             }
         }
