@@ -156,7 +156,10 @@ enum class overload_kind : std::uint8_t {
 /// docs/adaptive.md explains.
 struct adaptive_options {
     /// The least limit: never fewer permits in circulation. At least 1, at
-    /// most the gate's B.
+    /// most the gate's B. The slow start begins here and the first
+    /// baseline is learnt here: set it to the concurrency the steady load
+    /// needs when the database is healthy (calls per second x their quiet
+    /// hold), docs/adaptive.md ("A floor at the concurrency the load needs").
     int floor = 1;
     /// How often the limit is reconsidered. The gate looks at the clock when
     /// a call finishes or must queue, so a gate nobody calls does not adapt.
