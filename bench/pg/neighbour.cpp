@@ -416,10 +416,6 @@ int main(int argc, char** argv) {
                     "--throughput-tolerance", value(), bulkhead::adaptive_options{}.headroom, 100);
             } else if (argument == "--floor") {
                 config.floor = bulkhead_bench::positive_argument("--floor", value());
-                if (config.floor > bulkhead_bench::too_high) {
-                    throw std::invalid_argument("--floor must be at most the adaptive arm's ceiling, " +
-                                                std::to_string(bulkhead_bench::too_high));
-                }
             } else if (argument == "--quick") {
                 config.phase = std::chrono::seconds(15);
             } else {
@@ -429,7 +425,12 @@ int main(int argc, char** argv) {
                 return 2;
             }
         }
-    } catch (const std::exception& bad) {  // a missing value, a --phase that is not a number
+        // The adaptive arm's settings, checked by the library before the
+        // run rather than minutes into it (a floor above the ceiling, ...).
+        (void)bulkhead::limit_controller(
+            bulkhead::adaptive_options{.floor = config.floor, .throughput_tolerance = config.throughput_tolerance},
+            bulkhead_bench::too_high);
+    } catch (const std::exception& bad) {  // a missing value, a --phase that is not a number, a floor above 64
         std::fprintf(stderr, "bulkhead_neighbour_bench: %s\n", bad.what());
         return 2;
     }
