@@ -290,14 +290,8 @@ private:
         // at the floor, where rule 4 has nothing to cut, rule 5b may try a
         // step; the throughput tolerance always applies.
         const bool judging = said == verdict::pending && m_probe_was_5b;
-        // Rule 4 cuts only a limit that binds: in an interval where every
-        // call found a permit free, the calls inside are what the arrivals
-        // brought, and a cut would change nothing now, only bind later at a
-        // level chosen from the slowdown. Calls that congest the database
-        // pile up until they reach the limit, and then it binds.
-        if (sample.limited &&
-            (sustained > m_options.throughput_tolerance ||
-             (sustained > m_options.tolerance && m_limit > m_vouched && !judging && m_limit > m_options.floor))) {
+        if (sustained > m_options.throughput_tolerance ||
+            (sustained > m_options.tolerance && m_limit > m_vouched && !judging && m_limit > m_options.floor)) {
             if (said != verdict::none && said != verdict::gain && m_probe_was_5b) {
                 // Rule 5b's step went too far, or bought nothing: back to
                 // where it started.
