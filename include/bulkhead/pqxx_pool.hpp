@@ -304,9 +304,10 @@ public:
     /// \throws std::logic_error for an empty lease or one of another pool;
     ///         std::invalid_argument for a timeout out of range;
     ///         bulkhead::deadline_exceeded when the deadline left no whole
-    ///         millisecond; bulkhead::pool_timeout when no other connection
-    ///         came for the retry; whatever libpqxx throws (the connection is
-    ///         then marked for discard).
+    ///         millisecond, or when the watchdog cut off a plain BEGIN (no
+    ///         first_statement) that went unanswered; bulkhead::pool_timeout
+    ///         when no other connection came for the retry; whatever libpqxx
+    ///         throws (the connection is then marked for discard).
     [[nodiscard]] transaction begin(lease& held, const transaction_options& options) {
         (void)leased(held);
         try {
@@ -522,6 +523,15 @@ private:
                 caused_by_deadline(connection.cut_by_watchdog.load(std::memory_order_acquire), timeout_from_deadline,
                                    lock_timeout_from_deadline, options.deadline)) {
                 std::throw_with_nested(work_deadline_exceeded());
+            }
+            // A plain BEGIN that the watchdog cut off: none of the caller's
+            // work ran, so it is refused as a deadline that passes before the
+            // work starts, not left as libpqxx's lost connection.
+            if (!carries_work && options.deadline != clock::time_point::max() &&
+                connection.cut_by_watchdog.load(std::memory_order_acquire)) {
+                std::throw_with_nested(deadline_exceeded(
+                    "db deadline exceeded before the work started: BEGIN was not answered by the deadline plus "
+                    "deadline_slack, and the connection was cut off"));
             }
             throw;
         }

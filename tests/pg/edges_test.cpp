@@ -374,15 +374,19 @@ TEST_CASE("[E7] with a deadline the call ends within deadline + slack when the s
     }
 }
 
-// [direct]: freezes the backend by its pid (SIGSTOP); through PgBouncer the client's pid is one PgBouncer made
-// up; left out of the pgbouncer pass (docs/pgbouncer.md).
-TEST_CASE("[E7] a first_statement whose server or network goes silent ends within deadline + slack",
-          "[pg][E7][first][direct]") {
+namespace {
+
+/// A call whose BEGIN (carrying `first_statement`, or plain when it is empty)
+/// goes unanswered, the backend frozen or the network silent, ends within
+/// deadline + slack with `Expected`, its connection discarded and its permit
+/// back.
+template <class Expected>
+void check_unanswered_begin(const std::string& first_statement, const std::string& name) {
     gate_t::options call{};
-    call.transaction.first_statement = "SELECT 1";
+    call.transaction.first_statement = first_statement;
     const auto never_runs = [](pqxx::dbtransaction&) { FAIL("the callback ran"); };
-    SECTION("the backend is frozen before the BEGIN that carries it") {
-        auto options = pool_options("bulkhead-e7-first", 1);
+    SECTION("the backend is frozen before the BEGIN") {
+        auto options = pool_options(name, 1);
         options.deadline_slack = 250ms;
         bulkhead::pqxx_pool pool(options);
         gate_t gate(pool, 1, 0);
@@ -390,7 +394,7 @@ TEST_CASE("[E7] a first_statement whose server or network goes silent ends withi
         frozen_backend frozen(pid);
         const auto start = clock_type::now();
         call.deadline = start + 500ms;
-        CHECK_THROWS_AS(gate.transaction(call, never_runs), bulkhead::work_deadline_exceeded);
+        CHECK_THROWS_AS(gate.transaction(call, never_runs), Expected);
         const auto took = clock_type::now() - start;
         CHECK(took >= 500ms);
         CHECK(took < 500ms + 250ms + 400ms);
@@ -399,17 +403,34 @@ TEST_CASE("[E7] a first_statement whose server or network goes silent ends withi
         CHECK(gate.available() == 1);
     }
     SECTION("the network stops forwarding") {
-        proxied_gate s("bulkhead-e7-first-silent", 250ms);
+        proxied_gate s(name + "-silent", 250ms);
         (void)backend_through(s.gate);
         s.proxy.silence(true);
         const auto start = clock_type::now();
         call.deadline = start + 400ms;
-        CHECK_THROWS_AS(s.gate.transaction(call, never_runs), bulkhead::work_deadline_exceeded);
+        CHECK_THROWS_AS(s.gate.transaction(call, never_runs), Expected);
         CHECK(clock_type::now() - start < 400ms + 250ms + 400ms);
         s.proxy.silence(false);
         CHECK(s.pool.size() == 0);
         CHECK(s.gate.available() == 1);
     }
+}
+
+}  // namespace
+
+// [direct]: freezes the backend by its pid (SIGSTOP); through PgBouncer the client's pid is one PgBouncer made
+// up; left out of the pgbouncer pass (docs/pgbouncer.md).
+TEST_CASE("[E7] a first_statement whose server or network goes silent ends within deadline + slack",
+          "[pg][E7][first][direct]") {
+    // The caller's statement may have run: reported as the work's deadline.
+    check_unanswered_begin<bulkhead::work_deadline_exceeded>("SELECT 1", "bulkhead-e7-first");
+}
+
+TEST_CASE("[E7] a plain BEGIN whose server or network goes silent ends within deadline + slack, before the work",
+          "[pg][E7][direct]") {
+    // Nothing of the caller's ran: a rejection before the work, as a deadline
+    // that passes while the call waits for its connection.
+    check_unanswered_begin<bulkhead::deadline_exceeded>("", "bulkhead-e7-begin");
 }
 
 // --- E8 ---------------------------------------------------------------------------
