@@ -82,7 +82,7 @@ enum class choice : std::uint8_t {
     leave_session,      // a session advisory lock and SET statement_timeout = 250, then commit: the next
                         // borrower must see neither (a leak fails its calls with 57014 or 55P03)
     end_block,          // COMMIT from the callback, then its insert: refused (logic_error), nothing inserted
-    deadline_work,      // a deadline 100 ms away, pg_sleep(0.3): cut short by the deadline
+    deadline_work,      // a deadline 250 ms away, pg_sleep(0.3): cut short by the deadline
 };
 constexpr std::size_t choice_count = 11;
 constexpr std::array<std::string_view, choice_count> choice_names{
@@ -411,7 +411,11 @@ private:
                 options.queue_wait = std::chrono::microseconds(m_random() % 1000);
                 break;
             case choice::deadline_work:
-                options.deadline = steady::now() + 100ms;
+                // Long enough to pass the gate's early refusal (G8) now and
+                // then, whose expected queue wait under this load and a
+                // sanitizer on a slow machine passed 100 ms; shorter than
+                // the pg_sleep(0.3) that it must cut.
+                options.deadline = steady::now() + 250ms;
                 break;
             default:
                 break;
