@@ -517,21 +517,22 @@ private:
             if (carries_work && connection.guard.ended) {
                 std::throw_with_nested(std::logic_error(detail::transaction_control::block_ended));
             }
-            // The caller's first statement ran into the deadline: reported
-            // as the callback's statements are.
-            if (carries_work && options.deadline != clock::time_point::max() &&
-                caused_by_deadline(connection.cut_by_watchdog.load(std::memory_order_acquire), timeout_from_deadline,
-                                   lock_timeout_from_deadline, options.deadline)) {
-                std::throw_with_nested(work_deadline_exceeded());
-            }
-            // A plain BEGIN that the watchdog cut off: none of the caller's
-            // work ran, so it is refused as a deadline that passes before the
-            // work starts, not left as libpqxx's lost connection.
-            if (!carries_work && options.deadline != clock::time_point::max() &&
-                connection.cut_by_watchdog.load(std::memory_order_acquire)) {
-                std::throw_with_nested(deadline_exceeded(
-                    "db deadline exceeded before the work started: BEGIN was not answered by the deadline plus "
-                    "deadline_slack, and the connection was cut off"));
+            if (options.deadline != clock::time_point::max()) {
+                const bool cut = connection.cut_by_watchdog.load(std::memory_order_acquire);
+                // The caller's first statement ran into the deadline: reported
+                // as the callback's statements are.
+                if (carries_work &&
+                    caused_by_deadline(cut, timeout_from_deadline, lock_timeout_from_deadline, options.deadline)) {
+                    std::throw_with_nested(work_deadline_exceeded());
+                }
+                // A plain BEGIN that the watchdog cut off: none of the caller's
+                // work ran, so it is refused as a deadline that passes before
+                // the work starts, not left as libpqxx's lost connection.
+                if (!carries_work && cut) {
+                    std::throw_with_nested(deadline_exceeded(
+                        "db deadline exceeded before the work started: BEGIN was not answered by the deadline plus "
+                        "deadline_slack, and the connection was cut off"));
+                }
             }
             throw;
         }
