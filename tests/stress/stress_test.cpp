@@ -76,7 +76,7 @@ enum class choice : std::uint8_t {
     sql_error,          // insert a row, then SELECT 1/0 (22012)
     statement_timeout,  // statement_timeout 20 ms, then pg_sleep(0.3) (57014)
     stop_waiting,       // a stop requested 0-3 ms after the call began (usually while queued)
-    stop_working,       // a stop requested 5-25 ms after the call began, during pg_sleep(0.3)
+    stop_working,       // a stop requested 5-25 ms after the callback began, during pg_sleep(0.3)
     queue_timeout,      // a queue wait of 0-1 ms
     commit_failure,     // a deferred foreign key that fails at COMMIT (23503)
     leave_session,      // a session advisory lock and SET statement_timeout = 250, then commit: the next
@@ -173,10 +173,12 @@ bool allowed(choice kind, outcome result, bool faults) {
         case choice::statement_timeout:
             return result == outcome::sql_57014;
         case choice::stop_waiting:
-        case choice::stop_working:
             // Queued or working when the stop came; or done before it (a slow
             // stopper thread under a sanitizer).
             return result == outcome::admission_cancelled || result == outcome::work_cancelled || result == outcome::ok;
+        case choice::stop_working:
+            // The stop is requested from the callback: never while queued.
+            return result == outcome::work_cancelled || result == outcome::ok;
         case choice::queue_timeout:
             return result == outcome::ok;
         case choice::commit_failure:
@@ -403,9 +405,12 @@ private:
                 m_stops.schedule(source, steady::now() + std::chrono::microseconds(m_random() % 3000));
                 break;
             case choice::stop_working:
+                // The stop is scheduled by the callback once it runs (below):
+                // timed from the call's start, it fell while the call was
+                // still queued whenever the queue was long, and on a fast
+                // machine no call of this kind was stopped while working.
                 options.queue_wait = 2s;
                 options.stop = source.get_token();
-                m_stops.schedule(source, steady::now() + std::chrono::milliseconds(5 + m_random() % 20));
                 break;
             case choice::queue_timeout:
                 options.queue_wait = std::chrono::microseconds(m_random() % 1000);
@@ -424,6 +429,9 @@ private:
             "INSERT INTO " + m_settings.calls_table + " (kind) VALUES (" + std::to_string(static_cast<int>(kind)) + ")";
         auto work = [&](pqxx::dbtransaction& tx) -> int {
             const running_scope scope(m_counts);
+            if (kind == choice::stop_working) {
+                m_stops.schedule(source, steady::now() + std::chrono::milliseconds(5 + m_random() % 20));
+            }
             if (kind == choice::end_block) {
                 tx.exec("COMMIT");  // ends the gate's transaction block: from here nothing may reach the server
             }
