@@ -82,7 +82,7 @@ enum class choice : std::uint8_t {
     leave_session,      // a session advisory lock and SET statement_timeout = 250, then commit: the next
                         // borrower must see neither (a leak fails its calls with 57014 or 55P03)
     end_block,          // COMMIT from the callback, then its insert: refused (logic_error), nothing inserted
-    deadline_work,      // a deadline 250 ms away, pg_sleep(0.3): cut short by the deadline
+    deadline_work,      // a deadline 250 ms (+ the expected queue wait) away, a pg_sleep 200 ms past it: cut short
 };
 constexpr std::size_t choice_count = 11;
 constexpr std::array<std::string_view, choice_count> choice_names{
@@ -416,11 +416,19 @@ private:
                 options.queue_wait = std::chrono::microseconds(m_random() % 1000);
                 break;
             case choice::deadline_work:
-                // Long enough to pass the gate's early refusal (G8) now and
-                // then, whose expected queue wait under this load and a
-                // sanitizer on a slow machine passed 100 ms; shorter than
-                // the pg_sleep(0.3) that it must cut.
+                // 250 ms of work time; for half of the calls plus the gate's
+                // expected queue wait, so that they pass its early refusal
+                // (G8) and are cut while they work, however long the queue
+                // (a fixed 100 ms once let none through under a sanitizer on
+                // a slow machine). The other half meet the early refusal as
+                // the queue allows. The callback sleeps past the deadline.
+                // The queue wait outlasts the deadline: the deadline ends
+                // the wait, never the queue wait.
+                options.queue_wait = 2s;
                 options.deadline = steady::now() + 250ms;
+                if ((m_random() & 1U) != 0U) {
+                    options.deadline += std::min<std::chrono::nanoseconds>(m_gate.expected_queue_wait(), 1500ms);
+                }
                 break;
             default:
                 break;
@@ -457,9 +465,12 @@ private:
                     // leak would fail the next borrower's pg_sleep(0.3) with 57014.
                     tx.exec("SET statement_timeout = 250");
                     break;
-                case choice::deadline_work:
-                    tx.exec("SELECT pg_sleep(0.3)");
+                case choice::deadline_work: {
+                    // 200 ms past the deadline: only the deadline ends it.
+                    const auto left = std::chrono::duration<double>(options.deadline - steady::now()).count();
+                    tx.exec("SELECT pg_sleep(" + std::to_string(std::max(0.0, left) + 0.2) + ")");
                     break;
+                }
                 default:
                     tx.exec("SELECT pg_sleep(0.001)");
                     break;
