@@ -339,29 +339,29 @@ TEST_CASE(
     "[unit][async][G8]") {
     fake_pool pool;
     gate_t gate(pool, 1, 3);
-    // One finished transaction of 300 ms: the mean permit hold starts there,
-    // far enough above the deadline below that an early refusal and one that
-    // waited its deadline out cannot be confused under a sanitizer.
-    gate.transaction(0ms, [](fake_pool::work&) { std::this_thread::sleep_for(300ms); });
+    // One finished transaction: the mean permit hold starts there.
+    namespace timing = bulkhead_test::early_refusal;
+    gate.transaction(0ms, [](fake_pool::work&) { std::this_thread::sleep_for(timing::hold); });
     bulkhead_test::blocker<gate_t> busy(gate);
-    REQUIRE(gate.expected_queue_wait() >= 300ms);
+    REQUIRE(gate.expected_queue_wait() >= timing::hold);
     auto work = [](fake_pool::work&) { return 1; };
     SECTION("deadline_exceeded at once, counted as early, the slot back") {
         outcome out;
         const auto start = std::chrono::steady_clock::now();
-        gate.async_transaction({.queue_wait = 10s, .deadline = start + 150ms}, work, out.handler());
+        gate.async_transaction({.queue_wait = 10s, .deadline = start + timing::deadline}, work, out.handler());
         bulkhead_test::await([&] { return out.finished(); });
-        CHECK(std::chrono::steady_clock::now() - start < 120ms);  // it did not wait its 150 ms out
+        CHECK(std::chrono::steady_clock::now() - start < timing::bound);  // it did not wait its deadline out
         CHECK(out.code == reject_reason::deadline_exceeded);
         CHECK(gate.stats().deadline_rejected_early == 1);
     }
     SECTION("reject_unreachable_deadline = false queues it until the deadline") {
         outcome out;
         const auto start = std::chrono::steady_clock::now();
-        gate.async_transaction({.queue_wait = 10s, .deadline = start + 150ms, .reject_unreachable_deadline = false},
-                               work, out.handler());
+        gate.async_transaction(
+            {.queue_wait = 10s, .deadline = start + timing::deadline, .reject_unreachable_deadline = false}, work,
+            out.handler());
         bulkhead_test::await([&] { return out.finished(); });
-        CHECK(std::chrono::steady_clock::now() - start >= 150ms);
+        CHECK(std::chrono::steady_clock::now() - start >= timing::deadline);
         CHECK(out.code == reject_reason::deadline_exceeded);
         CHECK(gate.stats().deadline_rejected_early == 0);
     }

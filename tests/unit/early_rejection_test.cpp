@@ -47,12 +47,10 @@ TEST_CASE(
     "[G8]") {
     fake_pool pool;
     gate_t gate(pool, 1, 4);
-    // A hold long enough that the refusal's own time, an exception thrown
-    // under a sanitizer on a slow machine included, stays well inside the
-    // deadline it is measured against.
-    teach_hold(gate, 300ms);
+    namespace timing = bulkhead_test::early_refusal;
+    teach_hold(gate, timing::hold);
     const auto mean = gate.stats().mean_permit_hold;
-    CHECK(mean >= 300ms);
+    CHECK(mean >= timing::hold);
     CHECK(gate.expected_queue_wait() == 0ns);  // a permit is free: nobody would wait
     blocker busy(gate);
     // One call ahead (the blocker), none queued: (0 + 1) x mean / B.
@@ -62,10 +60,11 @@ TEST_CASE(
     SECTION("transaction(): deadline_exceeded at once, the slot given back, counted as early") {
         const std::size_t events = pool.events().size();
         const auto start = clock_type::now();
-        CHECK_THROWS_AS(gate.transaction({.queue_wait = 10s, .deadline = start + 150ms}, [](fake_pool::work&) {}),
-                        bulkhead::deadline_exceeded);
-        // Without the estimate the call would have waited its 150 ms out.
-        CHECK(clock_type::now() - start < 120ms);
+        CHECK_THROWS_AS(
+            gate.transaction({.queue_wait = 10s, .deadline = start + timing::deadline}, [](fake_pool::work&) {}),
+            bulkhead::deadline_exceeded);
+        // Without the estimate the call would have waited its deadline out.
+        CHECK(clock_type::now() - start < timing::bound);
         CHECK(early(gate) == 1);
         CHECK(deadline_rejections(gate) == 1);
         CHECK(gate.available_slots() == 4);     // the blocker's slot is the one taken
@@ -74,7 +73,7 @@ TEST_CASE(
     SECTION("a deadline that leaves the queue wait but not the work after it is refused too") {
         // The wait (one hold) fits, the wait and a committed call's hold do not.
         const auto committed = gate.stats().mean_committed_hold;
-        CHECK(committed >= 300ms);
+        CHECK(committed >= timing::hold);
         const auto start = clock_type::now();
         CHECK_THROWS_AS(
             gate.transaction({.queue_wait = 10s, .deadline = start + mean + committed / 2}, [](fake_pool::work&) {}),
@@ -83,7 +82,7 @@ TEST_CASE(
         CHECK(early(gate) == 1);
     }
     SECTION("try_transaction() and try_enter() refuse it the same way") {
-        const auto deadline = clock_type::now() + 150ms;
+        const auto deadline = clock_type::now() + timing::deadline;
         auto result = gate.try_transaction({.queue_wait = 10s, .deadline = deadline}, [](fake_pool::work&) {});
         REQUIRE_FALSE(result);
         CHECK(result.error() == reject_reason::deadline_exceeded);
