@@ -30,7 +30,7 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-constexpr int permits = 8;
+constexpr int adaptive_permits = 8;
 
 /// The callers: each runs the statement in a loop until stopped.
 class offered_load {
@@ -109,8 +109,8 @@ int settled_limit(bulkhead::db_bulkhead<bulkhead::pqxx_pool>& gate) {
 void slow_down_and_recover(const std::string& name, const std::string& statement, bulkhead::limit_reason expected) {
     auto monitor = outside_connection();
     prepare_table(monitor);
-    bulkhead::pqxx_pool pool(pool_options(name, permits));
-    bulkhead::db_bulkhead<bulkhead::pqxx_pool> gate(pool, permits, 32, bulkhead::adaptive_options{.floor = 1});
+    bulkhead::pqxx_pool pool(pool_options(name, adaptive_permits));
+    bulkhead::db_bulkhead<bulkhead::pqxx_pool> gate(pool, adaptive_permits, 32, bulkhead::adaptive_options{.floor = 1});
     offered_load load(gate, statement);
     const int quiet = settled_limit(gate);
     INFO("quiet limit " << quiet << ", baseline " << gate.stats().latency_baseline.count() << " ns");
@@ -148,7 +148,7 @@ void slow_down_and_recover(const std::string& name, const std::string& statement
     CHECK(stats.running == 0);
     CHECK(stats.queued == 0);
     CHECK(stats.available == gate.limit());
-    CHECK(stats.available_slots == permits + 32);
+    CHECK(stats.available_slots == adaptive_permits + 32);
 }
 
 }  // namespace

@@ -1,20 +1,18 @@
 // The examples, run as a user would run them against the suite's server.
+#include "http_get.hpp"
 #include "pg_test_database.hpp"
 #include "run_program.hpp"
 
 #include "catch.hpp"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <string>
 #include <thread>
@@ -38,24 +36,13 @@ std::string require_example(const char* path, const char* name) {
     return path;
 }
 
-/// GET path from 127.0.0.1:port; returns the body.
-std::string http_get(int port, const std::string& path) {
-    const int socket = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    address.sin_port = htons(static_cast<std::uint16_t>(port));
-    REQUIRE(::connect(socket, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
-    const std::string request = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
-    REQUIRE(::send(socket, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size()));
-    std::string response;
-    std::array<char, 4096> buffer{};
-    for (ssize_t got; (got = ::recv(socket, buffer.data(), buffer.size(), 0)) > 0;) {
-        response.append(buffer.data(), static_cast<std::size_t>(got));
-    }
-    ::close(socket);
-    REQUIRE(response.starts_with("HTTP/1.0 200 OK"));
-    return response.substr(response.find("\r\n\r\n") + 4);
+/// GET `path` from 127.0.0.1:port, which must answer 200; returns the body.
+std::string http_get_ok(int port, const std::string& path) {
+    const std::optional<bulkhead_test::http_answer> answer = bulkhead_test::http_get(port, path);
+    REQUIRE(answer.has_value());
+    INFO(answer->head);
+    REQUIRE(answer->status == 200);
+    return answer->body;
 }
 
 }  // namespace
@@ -120,7 +107,7 @@ TEST_CASE("examples/metrics_server serves an exposition that passes the format c
     const std::string first(line.data());
     REQUIRE(std::regex_search(first, port, std::regex(R"(127\.0\.0\.1:([0-9]+)/metrics)")));
     std::this_thread::sleep_for(std::chrono::milliseconds(500));  // let the load run: the figures must move
-    const std::string body = http_get(std::stoi(port[1].str()), "/metrics");
+    const std::string body = http_get_ok(std::stoi(port[1].str()), "/metrics");
     std::string rest;
     while (std::fgets(line.data(), static_cast<int>(line.size()), pipe) != nullptr) {
         rest += line.data();

@@ -3,6 +3,7 @@
 // Retry-After, admitted ones 200, nothing else; afterwards every permit and
 // slot is free again and SIGTERM ends it with status 0. The test only runs
 // programs (the example and /usr/bin/wrk): it needs no Asio of its own.
+#include "http_get.hpp"
 #include "pg_test_database.hpp"
 #include "run_program.hpp"
 
@@ -48,6 +49,9 @@ extern char** environ;  // NOLINT(readability-redundant-declaration): for posix_
 using namespace std::chrono_literals;
 
 namespace {
+
+using bulkhead_test::http_answer;
+using bulkhead_test::http_get;
 
 constexpr const char* wrk_path = "/usr/bin/wrk";
 
@@ -163,48 +167,6 @@ private:
     std::string m_pending;
     std::optional<int> m_status;
 };
-
-/// One HTTP answer: status, head (status line and headers) and body.
-struct http_answer {
-    int status = 0;
-    std::string head;
-    std::string body;
-};
-
-/// GET `path` from 127.0.0.1:port on a connection of its own (Connection:
-/// close); nothing when the exchange failed. No Catch2 assertions: callable
-/// from any thread.
-std::optional<http_answer> http_get(int port, const std::string& path) {
-    const int socket = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (socket < 0) {
-        return std::nullopt;
-    }
-    const timeval limit{10, 0};
-    ::setsockopt(socket, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    address.sin_port = htons(static_cast<std::uint16_t>(port));
-    std::string raw;
-    const std::string request = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-    if (::connect(socket, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-        ::send(socket, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
-        std::array<char, 4096> buffer{};
-        for (ssize_t got; (got = ::recv(socket, buffer.data(), buffer.size(), 0)) > 0;) {
-            raw.append(buffer.data(), static_cast<std::size_t>(got));
-        }
-    }
-    ::close(socket);
-    const auto head_end = raw.find("\r\n\r\n");
-    if (!raw.starts_with("HTTP/1.1 ") || raw.size() < 12 || head_end == std::string::npos) {
-        return std::nullopt;
-    }
-    http_answer answer;
-    answer.status = std::atoi(raw.substr(9, 3).c_str());
-    answer.head = raw.substr(0, head_end + 2);
-    answer.body = raw.substr(head_end + 4);
-    return answer;
-}
 
 /// The value of header `name` (case-insensitive) in `head`, or nothing.
 std::optional<std::string> header(const std::string& head, std::string_view name) {

@@ -10,6 +10,7 @@
 
 #include "catch.hpp"
 
+#include "pg_helpers.hpp"
 #include "pg_test_database.hpp"
 #include "pqxx_compat.hpp"
 #include "test_util.hpp"
@@ -93,11 +94,6 @@ public:
         tx.exec(sql);
     }
 
-    long count(const std::string& sql) {
-        pqxx::nontransaction tx(m_connection);
-        return bulkhead_test::exec_one_row(tx, sql)[0].as<long>();
-    }
-
 private:
     pqxx::connection m_connection;
 };
@@ -106,7 +102,7 @@ private:
 /// waiting on a state another thread or the server reaches on its own (a
 /// thread blocked inside acquire(), a backend that exits), which no latch can
 /// signal.
-bool eventually(const std::function<bool()>& condition, std::chrono::milliseconds limit = 10s) {
+bool poll_until(const std::function<bool()>& condition, std::chrono::milliseconds limit = 10s) {
     const auto until = clock_type::now() + limit;
     while (!condition()) {
         if (clock_type::now() >= until) {
@@ -117,29 +113,10 @@ bool eventually(const std::function<bool()>& condition, std::chrono::millisecond
     return true;
 }
 
-/// A table of the test's own, dropped at the end.
-class scratch_table {
-public:
-    explicit scratch_table(admin_session& admin, std::string_view columns = "id integer PRIMARY KEY")
-        : m_admin(admin), m_name("bh_pool_scratch_" + std::to_string(::getpid())) {
-        m_admin.exec("DROP TABLE IF EXISTS " + m_name);
-        m_admin.exec("CREATE TABLE " + m_name + " (" + std::string(columns) + ")");
-    }
-    scratch_table(const scratch_table&) = delete;
-    scratch_table& operator=(const scratch_table&) = delete;
-    ~scratch_table() {
-        try {
-            m_admin.exec("DROP TABLE IF EXISTS " + m_name);
-        } catch (...) {
-        }
-    }
-    [[nodiscard]] const std::string& name() const noexcept { return m_name; }
-    long rows() { return m_admin.count("SELECT count(*) FROM " + m_name); }
-
-private:
-    admin_session& m_admin;
-    std::string m_name;
-};
+/// The test's own table (bh_pool_scratch_<pid>), dropped before and after.
+bulkhead_test::scratch_table scratch(const std::string& columns = "id integer PRIMARY KEY") {
+    return bulkhead_test::scratch_table("bh_pool_scratch_" + std::to_string(::getpid()), columns);
+}
 
 int backend_pid(bulkhead::pqxx_pool::lease& lease) { return lease.connection().backendpid(); }
 
@@ -274,7 +251,7 @@ TEST_CASE("connections are opened lazily and never more than max_size, also unde
         });
     }
     // max_size threads hold a connection, the others queue.
-    REQUIRE(eventually([&] { return pool.in_use() == max_size && pool.waiting() == threads - max_size; }));
+    REQUIRE(poll_until([&] { return pool.in_use() == max_size && pool.waiting() == threads - max_size; }));
     CHECK(pool.size() == max_size);
     CHECK(admin.sessions(options.application_name) == static_cast<long>(max_size));
     let_go.count_down();
@@ -316,7 +293,7 @@ TEST_CASE("waiters are served first come, first served", "[pg][pool]") {
         });
         started.wait();
         // Thread i is queued before thread i + 1 starts.
-        REQUIRE(eventually([&] { return pool.waiting() == static_cast<std::size_t>(i + 1); }));
+        REQUIRE(poll_until([&] { return pool.waiting() == static_cast<std::size_t>(i + 1); }));
     }
     held.release();
     for (auto& worker : workers) {
@@ -381,7 +358,7 @@ TEST_CASE("[C6] a deadline shorter than connection_timeout ends the pool wait at
         bool saw_waiter = false;  // written by the giver, read after join()
         std::thread giver([&] {
             started.wait();
-            saw_waiter = eventually([&] { return pool.waiting() == 1; });
+            saw_waiter = poll_until([&] { return pool.waiting() == 1; });
             held.release();
         });
         started.count_down();
@@ -467,7 +444,7 @@ TEST_CASE("[C7] an idle connection killed on the server is replaced on borrow wi
         killed = backend_pid(lease);
     }
     REQUIRE(admin.terminate(killed));
-    REQUIRE(eventually([&] { return !admin.alive(killed); }));
+    REQUIRE(poll_until([&] { return !admin.alive(killed); }));
 
     auto lease = pool.acquire();  // no exception: found out and replaced
     const int replacement = backend_pid(lease);
@@ -490,7 +467,7 @@ TEST_CASE("[B6] a discarded lease's connection is never handed out again", "[pg]
         static_assert(noexcept(pool.discard(lease)));
     }
     CHECK(pool.size() == 0);
-    REQUIRE(eventually([&] { return !admin.alive(discarded); }));
+    REQUIRE(poll_until([&] { return !admin.alive(discarded); }));
     auto lease = pool.acquire();
     CHECK(backend_pid(lease) != discarded);
 }
@@ -517,7 +494,7 @@ TEST_CASE("a lease returned inside a transaction opened with raw SQL is discarde
         CHECK_THROWS_AS(raw.exec("SELECT 1/0"), pqxx::sql_error);
     }
     CHECK(pool.size() == 0);
-    CHECK(eventually([&] { return !admin.alive(first); }));
+    CHECK(poll_until([&] { return !admin.alive(first); }));
     auto lease = pool.acquire();
     CHECK(backend_pid(lease) != first);
 }
@@ -644,7 +621,7 @@ TEST_CASE("max_lifetime retires a connection when it is next seen", "[pg][pool]"
         auto next = pool.acquire();
         CHECK(backend_pid(next) != first);
     }
-    CHECK(eventually([&] { return !admin.alive(first); }));
+    CHECK(poll_until([&] { return !admin.alive(first); }));
 }
 
 // [direct]: counts the pool's sessions on the server; through PgBouncer the server's sessions are PgBouncer's;
@@ -666,7 +643,7 @@ TEST_CASE("idle_timeout retires idle connections, but keeps min_idle open", "[pg
         auto lease = pool.acquire();
         CHECK(backend_pid(lease) != first);
         CHECK(pool.size() == 1);
-        CHECK(eventually([&] { return !admin.alive(first); }));
+        CHECK(poll_until([&] { return !admin.alive(first); }));
     }
     SECTION("min_idle 2: two stay") {
         options.min_idle = 2;
@@ -683,7 +660,7 @@ TEST_CASE("idle_timeout retires idle connections, but keeps min_idle open", "[pg
         std::this_thread::sleep_for(350ms);
         auto lease = pool.acquire();  // retires one of the three idle ones
         CHECK(pool.size() == 2);
-        CHECK(eventually([&] { return admin.sessions(options.application_name) == 2; }));
+        CHECK(poll_until([&] { return admin.sessions(options.application_name) == 2; }));
     }
 }
 
@@ -719,7 +696,7 @@ TEST_CASE("the observers count open, idle, in-use and waiting connections", "[pg
         auto c = pool.acquire();
     });
     started.wait();
-    REQUIRE(eventually([&] { return pool.waiting() == 1; }));
+    REQUIRE(poll_until([&] { return pool.waiting() == 1; }));
     CHECK(pool.size() == 2);
     CHECK(pool.in_use() == 2);
 
@@ -764,13 +741,13 @@ TEST_CASE("destroying the pool while a lease is out is safe", "[pg][pool][direct
     CHECK(admin.sessions(options.application_name) == 2);
 
     pool.reset();  // closes the idle connection; the lease keeps its own
-    CHECK(eventually([&] { return admin.sessions(options.application_name) == 1; }));
+    CHECK(poll_until([&] { return admin.sessions(options.application_name) == 1; }));
     {
         pqxx::nontransaction tx(lease.connection());
         CHECK(bulkhead_test::exec_one_row(tx, "SELECT 7")[0].as<int>() == 7);
     }
     lease.release();  // closes it: there is no pool to go back to
-    CHECK(eventually([&] { return admin.sessions(options.application_name) == 0; }));
+    CHECK(poll_until([&] { return admin.sessions(options.application_name) == 0; }));
 }
 
 // ---------------------------------------------------------------------------
@@ -894,8 +871,7 @@ TEST_CASE("[C8] when the server is down acquire fails without the password, and 
 // ---------------------------------------------------------------------------
 
 TEST_CASE("[B1] [B9] a gate over pqxx_pool commits the callback's work, and rolls back on an exception", "[pg][pool]") {
-    admin_session admin;
-    scratch_table table(admin);
+    const bulkhead_test::scratch_table table = scratch();
     bulkhead::pqxx_pool_options options = options_for("gate");
     options.max_size = 2;
     bulkhead::pqxx_pool pool(options);
@@ -920,8 +896,7 @@ TEST_CASE("[B1] [B9] a gate over pqxx_pool commits the callback's work, and roll
 }
 
 TEST_CASE("[B8] commit or rollback from inside the gate's callback is refused and nothing is committed", "[pg][pool]") {
-    admin_session admin;
-    scratch_table table(admin);
+    const bulkhead_test::scratch_table table = scratch();
     bulkhead::pqxx_pool_options options = options_for("b8");
     options.max_size = 1;
     bulkhead::pqxx_pool pool(options);
@@ -961,8 +936,8 @@ TEST_CASE("[B8] commit or rollback from inside the gate's callback is refused an
 }
 
 TEST_CASE("[B5] a COMMIT that fails leaves nothing committed and the connection in the pool", "[pg][pool]") {
-    admin_session admin;
-    scratch_table table(admin, "id integer, CONSTRAINT once UNIQUE (id) DEFERRABLE INITIALLY DEFERRED");
+    const bulkhead_test::scratch_table table =
+        scratch("id integer, CONSTRAINT once UNIQUE (id) DEFERRABLE INITIALLY DEFERRED");
     bulkhead::pqxx_pool_options options = options_for("b5commit");
     options.max_size = 1;
     bulkhead::pqxx_pool pool(options);
@@ -989,8 +964,7 @@ TEST_CASE("[B5] a COMMIT that fails leaves nothing committed and the connection 
 }
 
 TEST_CASE("[B5] a callback that swallows an SQL error gets no silent commit", "[pg][pool]") {
-    admin_session admin;
-    scratch_table table(admin);
+    const bulkhead_test::scratch_table table = scratch();
     bulkhead::pqxx_pool_options options = options_for("b5");
     options.max_size = 1;
     bulkhead::pqxx_pool pool(options);
@@ -1020,7 +994,7 @@ TEST_CASE("[B5] a callback that swallows an SQL error gets no silent commit", "[
 // pool's own to kill; left out of the pgbouncer pass (docs/pgbouncer.md).
 TEST_CASE("[B7] a connection lost before COMMIT is settled as rolled back, and replaced", "[pg][pool][direct]") {
     admin_session admin;
-    scratch_table table(admin);
+    const bulkhead_test::scratch_table table = scratch();
     bulkhead::pqxx_pool_options options = options_for("b7");
     options.max_size = 1;
     bulkhead::pqxx_pool pool(options);
@@ -1035,7 +1009,7 @@ TEST_CASE("[B7] a connection lost before COMMIT is settled as rolled back, and r
                                            tx.exec("INSERT INTO " + table.name() + " VALUES (1)");
                                            lost = tx.conn().backendpid();
                                            REQUIRE(admin.terminate(lost));
-                                           REQUIRE(eventually([&] { return !admin.alive(lost); }));
+                                           REQUIRE(poll_until([&] { return !admin.alive(lost); }));
                                        }),
                       Catch::Matchers::ContainsSubstring("confirms the transaction was rolled back"));
     // Settled: there is no transaction left to roll back, so no rollback failed.
