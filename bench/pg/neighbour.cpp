@@ -2,7 +2,7 @@
 // neighbour (docs/adaptive.md, "The noisy neighbour").
 //
 //   bulkhead_neighbour_bench [--conninfo CONNINFO] --pgbench PATH --prefix PATH [--phase SECONDS] [--quick]
-//                            [--throughput-tolerance X] [--floor N]
+//                            [--throughput-tolerance X] [--queue-allowance X] [--floor N]
 //
 // CONNINFO defaults to $BULKHEAD_TEST_DATABASE (scripts/bench-neighbour
 // starts a throwaway server and passes it so, keeping the password out of
@@ -62,11 +62,9 @@ struct settings {
     std::string pgbench;
     std::string prefix;
     std::chrono::seconds phase{60};
-    /// The adaptive arm's throughput_tolerance (rule 5b's bound); the
-    /// library's default unless --throughput-tolerance names another.
-    double throughput_tolerance = bulkhead::adaptive_options{}.throughput_tolerance;
-    /// The adaptive arm's floor: 1 unless --floor names another.
-    int floor = 1;
+    /// The adaptive arm's settings: the library's defaults unless
+    /// --throughput-tolerance, --queue-allowance or --floor names another.
+    bulkhead::adaptive_options adaptive;
 };
 
 /// A gate in front of its own pool, fixed or adaptive; one call per job.
@@ -111,9 +109,7 @@ private:
 
     static gate_type make_gate(bulkhead::pqxx_pool& pool, int permits, bool adaptive, const settings& config) {
         if (adaptive) {
-            return gate_type(
-                pool, permits, 64,
-                bulkhead::adaptive_options{.floor = config.floor, .throughput_tolerance = config.throughput_tolerance});
+            return gate_type(pool, permits, 64, config.adaptive);
         }
         return gate_type(pool, permits, 64);
     }
@@ -287,9 +283,10 @@ int run(const settings& config) {
         int permits;
         bool adaptive;
     };
-    const std::vector<arm_plan> arms = {{"fixed best B = " + std::to_string(best), best, false},
-                                        {"fixed B = " + std::to_string(too_high), too_high, false},
-                                        {"adaptive (" + std::to_string(config.floor) + "..64)", too_high, true}};
+    const std::vector<arm_plan> arms = {
+        {"fixed best B = " + std::to_string(best), best, false},
+        {"fixed B = " + std::to_string(too_high), too_high, false},
+        {"adaptive (" + std::to_string(config.adaptive.floor) + "..64)", too_high, true}};
     const std::int64_t phase_ns = std::chrono::nanoseconds(config.phase).count();
     std::vector<phase_row> rows;
     std::ofstream csv(config.prefix + "-neighbour.csv");
@@ -369,7 +366,8 @@ int run(const settings& config) {
     report << "# Noisy neighbour\n\nOffered: " << format("%.0f", rate)
            << " calls/s (70 % of the quiet capacity at B = 4, " << format("%.0f", capacity)
            << " calls/s); deadline 250 ms; phases of " << config.phase.count() << " s; the adaptive arm's floor "
-           << config.floor << ", throughput_tolerance " << format("%g", config.throughput_tolerance)
+           << config.adaptive.floor << ", throughput_tolerance " << format("%g", config.adaptive.throughput_tolerance)
+           << ", queue_allowance " << format("%g", config.adaptive.queue_allowance)
            << ".\n\n## The sweep (neighbour on, 10 s each)\n\n"
            << sweep.str() << "\nBest B: " << best << "\n\n## The arms\n\n"
            << "| loop | arm | phase | goodput (calls/s) | p99 of admitted (ms) | rejected | limit (median) | "
@@ -412,24 +410,26 @@ int main(int argc, char** argv) {
                 config.phase = std::chrono::seconds(bulkhead_bench::positive_argument("--phase", value()));
             } else if (argument == "--throughput-tolerance") {
                 // From the headroom (rule 5b off), as adaptive_options accepts it.
-                config.throughput_tolerance = bulkhead_bench::ratio_argument(
+                config.adaptive.throughput_tolerance = bulkhead_bench::ratio_argument(
                     "--throughput-tolerance", value(), bulkhead::adaptive_options{}.headroom, 100);
+            } else if (argument == "--queue-allowance") {
+                // 0: the hold ratio alone decides, as before the allowance.
+                config.adaptive.queue_allowance = bulkhead_bench::ratio_argument("--queue-allowance", value(), 0, 100);
             } else if (argument == "--floor") {
-                config.floor = bulkhead_bench::positive_argument("--floor", value());
+                config.adaptive.floor = bulkhead_bench::positive_argument("--floor", value());
             } else if (argument == "--quick") {
                 config.phase = std::chrono::seconds(15);
             } else {
                 std::fprintf(stderr,
                              "usage: bulkhead_neighbour_bench --conninfo CONNINFO --pgbench PATH --prefix PATH "
-                             "[--phase SECONDS] [--quick] [--throughput-tolerance X] [--floor N]\n");
+                             "[--phase SECONDS] [--quick] [--throughput-tolerance X] [--queue-allowance X] "
+                             "[--floor N]\n");
                 return 2;
             }
         }
         // The adaptive arm's settings, checked by the library before the
         // run rather than minutes into it (a floor above the ceiling, ...).
-        (void)bulkhead::limit_controller(
-            bulkhead::adaptive_options{.floor = config.floor, .throughput_tolerance = config.throughput_tolerance},
-            bulkhead_bench::too_high);
+        (void)bulkhead::limit_controller(config.adaptive, bulkhead_bench::too_high);
     } catch (const std::exception& bad) {  // a missing value, a --phase that is not a number, a floor above 64
         std::fprintf(stderr, "bulkhead_neighbour_bench: %s\n", bad.what());
         return 2;

@@ -19,14 +19,17 @@
 //   4. the mean permit hold over throughput_tolerance x the baseline, or
 //      over tolerance x the baseline at a limit that rule 5b has not
 //      vouched for, in this interval and the one before (the lower of the
-//      two ratios counts: one interval's spike is noise): L x tolerance /
-//      ratio, kept within [1/2, 9/10] (the further off, the faster down);
-//      a rule-5b step still being judged goes back to where it started
-//      instead;
-//   5. the mean hold within headroom x the baseline and the limit was
-//      reached (a call found no permit free): L x 2 until the first
-//      decrease (a slow start from the floor, where the gate begins, so
-//      that the baseline is learnt uncongested), L + max(1, L/4) after;
+//      two ratios counts: one interval's spike is noise), and the calls
+//      that this implies are queued inside the database (the calls in
+//      flight x (1 - 1 / ratio)) more than queue_allowance x log10(L)
+//      (TCP Vegas's beta: 5.4 at L = 8): L x tolerance / ratio, kept
+//      within [1/2, 9/10] (the further off, the faster down); a rule-5b
+//      step still being judged goes back to where it started instead;
+//   5. the mean hold within headroom x the baseline, the limit was
+//      reached (a call found no permit free) and at least half of it was
+//      in use on average: L x 2 until the first decrease (a slow start
+//      from the floor, where the gate begins, so that the baseline is
+//      learnt uncongested), L + max(1, L/4) after;
 //   5b. (throughput) the mean hold between headroom and
 //      throughput_tolerance x the baseline: a step up is judged on the
 //      mean of the two intervals after it, against the calls finished per
@@ -53,8 +56,10 @@
 //      their time in the gate), rule 5b steps up by max(1, L/4), but not beyond
 //      L x throughput_tolerance / ratio (where the hold would reach the
 //      bound if it grew in proportion, as it does once throughput is
-//      flat), one permit at least; at the floor, where rule 4 has nothing
-//      to cut, it may step with the hold above the tolerance;
+//      flat) or, if higher, the calls in flight / ratio + the queue
+//      allowance (where the queue would reach it), one permit at least;
+//      at the floor, where rule 4 has nothing to cut, it may step with
+//      the hold above the tolerance;
 //   6. otherwise L stays.
 // L is always rounded and clamped to [floor, ceiling] (G6).
 //
@@ -67,8 +72,16 @@
 // buys no calls per second, only a shorter wait, and rule 5b takes that
 // as a gain too. Rule 5b accepts a
 // rise in latency that buys throughput, up to throughput_tolerance (2x:
-// the calls' latency stays within about twice what they cost uncongested),
-// and backs off when a larger limit bought none. It never stands in the
+// the calls' latency stays within about twice what they cost uncongested)
+// or the queue allowance, and backs off when a larger limit bought none.
+//
+// The queue allowance exists for the same server at small limits: there a
+// few calls in flight can make each take three to five times what one
+// costs alone, yet only a few calls are queued, and a bound on the ratio
+// alone cut such a gate to its floor and lost a quarter to two fifths of
+// its throughput (docs/adaptive.md, "The queue allowance"). A ratio says
+// how much slower; the implied queue says how much of the database's time
+// the gate's own calls are waiting, which is what a limit can change. It never stands in the
 // way of the latency rules: rule 5's growth comes first, a verdict
 // concludes only from permits that were used, and only rule 5b's own steps
 // are taken back.
@@ -178,11 +191,17 @@ struct adaptive_options {
     int min_samples = 3;
     /// A mean permit hold up to throughput_tolerance x the baseline is
     /// accepted while each step up of the limit buys throughput (rule 5b of
-    /// the file comment); above it the latency rule cuts whatever the
-    /// throughput. At least headroom (equal to it: no throughput rule, the
-    /// latency rules alone); 2 by default, so that the calls' latency stays
-    /// within about twice what they cost uncongested.
+    /// the file comment); above it the latency rule cuts, unless the queue
+    /// it implies is within queue_allowance. At least headroom (equal to
+    /// it: no throughput rule, the latency rules alone); 2 by default.
     double throughput_tolerance = 2.0;
+    /// The calls the latency rule lets queue inside the database, per
+    /// decade of the limit: at limit L it cuts only when the calls in
+    /// flight x (1 - baseline / hold) pass queue_allowance x log10(L) (TCP
+    /// Vegas's beta). 6 by default: 5.4 calls at L = 8, 7.2 at 16, 10.8 at
+    /// 64. 0 switches it off: the hold ratio alone decides. Finite, at
+    /// least 0.
+    double queue_allowance = 6.0;
 };
 
 /// What the gate saw in one interval, given to limit_controller::update().
@@ -290,8 +309,17 @@ private:
         // at the floor, where rule 4 has nothing to cut, rule 5b may try a
         // step; the throughput tolerance always applies.
         const bool judging = said == verdict::pending && m_probe_was_5b;
-        if (sustained > m_options.throughput_tolerance ||
-            (sustained > m_options.tolerance && m_limit > m_vouched && !judging && m_limit > m_options.floor)) {
+        // The calls queued inside the database, as the latency implies:
+        // of those in flight, the share beyond what the baseline's cost
+        // would need for the same throughput.
+        const double in_flight = sample.length.count() > 0 ? static_cast<double>(sample.held.count()) /
+                                                                 static_cast<double>(sample.length.count())
+                                                           : 0.0;
+        const double uncongested = in_flight / sustained;
+        const bool queueing = in_flight - uncongested > allowed_queue(m_limit);
+        if (queueing &&
+            (sustained > m_options.throughput_tolerance ||
+             (sustained > m_options.tolerance && m_limit > m_vouched && !judging && m_limit > m_options.floor))) {
             if (said != verdict::none && said != verdict::gain && m_probe_was_5b) {
                 // Rule 5b's step went too far, or bought nothing: back to
                 // where it started.
@@ -309,15 +337,18 @@ private:
         }
         if (ratio <= m_options.headroom) {
             // The latency rules' growth: never held back by the throughput rule.
-            if (sample.limited && m_limit < m_ceiling) {
+            if (sample.limited && m_limit < m_ceiling && in_flight >= used_to_grow * m_limit) {
                 // Doubling until the first sign of congestion, then by a quarter.
                 grow(m_slow_start ? m_limit * 2 : m_limit + std::max(1, m_limit / 4), now, false);
                 return limit_reason::recovered;
             }
             return m_reason;
         }
-        // Rule 5b: headroom < ratio <= throughput_tolerance (and within the
-        // tolerance unless this limit bought throughput).
+        // Rule 5b: ratio > headroom and rule 4 did not cut (the ratio is
+        // within the tolerances, or the queue within its allowance).
+        if (m_options.throughput_tolerance <= m_options.headroom) {
+            return m_reason;  // rule 5b switched off
+        }
         if (said == verdict::no_gain && m_probe_was_5b) {
             m_slow_start = false;
             set(m_probe_back);
@@ -332,11 +363,13 @@ private:
         }
         // A step of a quarter, but no further than where the hold would
         // reach throughput_tolerance x the baseline if it grew in proportion
-        // (as it does once throughput is flat); one permit at least (a
-        // step that goes too far is back after the two intervals that
-        // judge it).
+        // (as it does once throughput is flat), or the queue the allowance
+        // (the same calls uncongested, plus the allowance), whichever is
+        // higher; one permit at least (a step that goes too far is back
+        // after the two intervals that judge it).
         const auto bound =
-            static_cast<int>(std::floor(static_cast<double>(m_limit) * m_options.throughput_tolerance / ratio));
+            static_cast<int>(std::floor(std::max(static_cast<double>(m_limit) * m_options.throughput_tolerance / ratio,
+                                                 in_flight / ratio + allowed_queue(m_limit))));
         const int next = std::max(m_limit + 1, std::min(m_limit + std::max(1, m_limit / 4), bound));
         const bool waiting = now.wait >= waiting_share * now.in_gate;
         if (sample.limited && next > m_limit && m_cooldown == 0 && (now.occupancy >= busy * m_limit || waiting)) {
@@ -472,6 +505,12 @@ private:
 
     void set(int limit) noexcept { m_limit = std::clamp(limit, m_options.floor, m_ceiling); }
 
+    /// The calls the database may queue at limit L before rule 4 cuts:
+    /// queue_allowance x log10(L), as TCP Vegas's beta.
+    [[nodiscard]] double allowed_queue(int limit) const noexcept {
+        return m_options.queue_allowance * std::log10(static_cast<double>(std::max(limit, 1)));
+    }
+
     static adaptive_options checked(const adaptive_options& options, int ceiling) {
         const auto refuse = [](const char* what) {
             throw std::invalid_argument(std::string("bulkhead::adaptive_options: ") + what);
@@ -501,6 +540,9 @@ private:
         }
         if (!(options.throughput_tolerance >= options.headroom) || !std::isfinite(options.throughput_tolerance)) {
             refuse("throughput_tolerance must be a finite number of at least headroom");
+        }
+        if (!(options.queue_allowance >= 0.0) || !std::isfinite(options.queue_allowance)) {
+            refuse("queue_allowance must be a finite number of at least 0");
         }
         return options;
     }
@@ -543,6 +585,9 @@ private:
     /// the gate waiting for a permit (an open loop below its capacity,
     /// where the permits are not all busy but the queue is long).
     static constexpr double waiting_share = 0.2;
+    /// Rule 5 grows the limit only when at least this share of it was in
+    /// use on average: a limit that nobody fills proves nothing.
+    static constexpr double used_to_grow = 0.5;
     /// Intervals without a rule-5b step after one that bought nothing.
     static constexpr int probe_pause = 8;
     /// Intervals a step's gain vouches for its limit (above the

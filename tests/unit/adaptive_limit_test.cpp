@@ -165,7 +165,10 @@ TEST_CASE("[G4] the adaptive limit rises back within 5 s of the database's recov
     database.set_neighbour(0.0);
     const int took = intervals_until(controller, database, 5 * per_second, [&](int l) { return l >= quiet; });
     CHECK(took <= 5 * per_second);
-    CHECK(controller.reason() == limit_reason::recovered);
+    // Under the neighbour the limit sat above the headroom (the queue the
+    // latency implies was within the allowance), so the way back up may
+    // begin with rule 5b's steps: both are growth.
+    CHECK((controller.reason() == limit_reason::recovered || controller.reason() == limit_reason::throughput));
 }
 
 TEST_CASE("[G5] the adaptive limit does not drift upward under sustained modest overload (simulated time)",
@@ -255,7 +258,7 @@ TEST_CASE("[G4] the adaptive limit grows past the headroom while throughput grow
     const int highest = *std::max_element(later.begin(), later.end());
     INFO("latency rules alone: " << latency_median << "; with rule 5b: near the knee after " << took
                                  << " intervals, then median " << settled << ", highest " << highest);
-    CHECK(latency_median <= 5);         // stops where the hold passes 1.25x, far below the knee
+    CHECK(latency_median < knee - 2);   // stops where the hold passes 1.25x (the slow start's 8), short of the knee
     CHECK(took <= 5 * per_second);      // near the knee within 5 s
     CHECK(settled >= knee - 2);         // and stays there
     CHECK(settled <= knee);             // not past it: past it nothing is bought
@@ -266,30 +269,96 @@ TEST_CASE("[G4] the adaptive limit grows past the headroom while throughput grow
     CHECK(server.mean_ms(settled) <= adaptive_options{}.throughput_tolerance * 1.0 * 1.06);
 }
 
-TEST_CASE("[G5] the adaptive limit does not grow past where throughput stops growing", "[G5][adaptive][throughput]") {
+TEST_CASE(
+    "[G4] where every call in flight lengthens every other, the limit grows as far as the queue it implies "
+    "allows, and a neighbour's bursts do not send it to the floor",
+    "[G4][adaptive][throughput]") {
+    // Callers, server and a neighbour sharing a few cores: every call in
+    // flight lengthens every call by a quarter of what one costs alone,
+    // and throughput still grows (by 9 % from 4 to 5, 4 % from 7 to 8).
+    // The hold passes 2x the baseline at 5: a bound on the latency ratio
+    // stops there or below (the rules before the queue allowance: median
+    // 4 here, seen 8 with it), a bound on the queue it implies (limit - limit / ratio:
+    // 5.1 calls at 8, within 6 x log10(8) = 5.4) does not.
+    const auto mean_ms = [](int limit) { return 1.0 + 0.25 * static_cast<double>(limit - 1); };
+    SECTION("steady") {
+        curve_server server(mean_ms);
+        limit_controller controller(adaptive_options{}, 64);
+        (void)limits_over(controller, server, 20 * per_second);
+        const std::vector<int> limits = limits_over(controller, server, 100 * per_second);
+        INFO("median " << median(limits));
+        CHECK(median(limits) >= 7);
+        CHECK(server.throughput(median(limits)) >= 0.9 * server.throughput(8));
+    }
+    SECTION("steady, with the queue allowance switched off: the hold ratio alone stops it lower") {
+        curve_server server(mean_ms);
+        limit_controller controller(adaptive_options{.queue_allowance = 0.0}, 64);
+        (void)limits_over(controller, server, 20 * per_second);
+        const std::vector<int> limits = limits_over(controller, server, 100 * per_second);
+        INFO("median " << median(limits));
+        CHECK(median(limits) <= 5);
+    }
+    SECTION("under bursts: a fifth of the intervals three times slower, the rest within +-30 %") {
+        std::mt19937 random(5);
+        std::uniform_real_distribution<double> spread(0.7, 1.3);
+        std::uniform_real_distribution<double> chance(0.0, 1.0);
+        limit_controller controller(adaptive_options{}, 64);
+        std::vector<int> limits;
+        for (int i = 0; i < 120 * per_second; ++i) {
+            const double burst = chance(random) < 0.2 ? 3.0 : 1.0;
+            const int limit = controller.update(
+                limited_interval(controller.limit(), mean_ms(controller.limit()) * spread(random) * burst, random));
+            if (i >= 20 * per_second) {
+                limits.push_back(limit);
+            }
+        }
+        std::sort(limits.begin(), limits.end());
+        const int tenth = limits[limits.size() / 10];
+        INFO("lowest tenth from " << tenth << ", median " << median(limits));
+        // The rules before the queue allowance: from 2, median 3 (seen: 5 and 7).
+        CHECK(tenth >= 4);
+        CHECK(median(limits) >= 5);
+    }
+}
+
+TEST_CASE("[G5] past where throughput stops growing, the adaptive limit grows no further than the queue rule 4 allows",
+          "[G5][adaptive][throughput]") {
     // The hold is constant up to 8 calls in flight, then grows in
-    // proportion: throughput is flat past 8.
+    // proportion: throughput is flat past 8, and every permit past 8 is a
+    // call queued inside the database.
     static constexpr int flat_from = 8;
     curve_server server([](int limit) { return std::max(1.0, static_cast<double>(limit) / flat_from); });
+    // The highest limit whose queue (limit - 8) rule 4 lets be: within
+    // 6 x log10(limit) calls (docs/adaptive.md). 15 here.
+    int allowed = flat_from;
+    while (static_cast<double>(allowed + 1 - flat_from) <= 6.0 * std::log10(static_cast<double>(allowed + 1))) {
+        ++allowed;
+    }
     limit_controller by_latency(latency_only, 64);
     (void)limits_over(by_latency, server, 20 * per_second);
     const std::vector<int> alone = limits_over(by_latency, server, 10 * 60 * per_second);
     limit_controller controller(adaptive_options{}, 64);
     (void)limits_over(controller, server, 20 * per_second);
     const std::vector<int> with_5b = limits_over(controller, server, 10 * 60 * per_second);
+    const auto half = static_cast<std::ptrdiff_t>(with_5b.size() / 2);
+    const int first_half = median(std::vector<int>(with_5b.begin(), with_5b.begin() + half));
+    const int second_half = median(std::vector<int>(with_5b.begin() + half, with_5b.end()));
     const int highest = *std::max_element(with_5b.begin(), with_5b.end());
-    const auto above = std::count_if(with_5b.begin(), with_5b.end(), [&](int l) { return l > median(alone); });
-    INFO("latency rules alone: median " << median(alone) << "; with rule 5b: median " << median(with_5b) << ", highest "
-                                        << highest << ", " << above << " of " << with_5b.size()
-                                        << " intervals above the latency rules' median");
+    INFO("latency rules alone: median " << median(alone) << "; with rule 5b: median " << first_half << " then "
+                                        << second_half << ", highest " << highest << "; allowed " << allowed);
     // The latency rules alone stop between 1.25x and 1.5x the flat
     // point's hold: 10 to 12.
     CHECK(median(alone) <= flat_from * 3 / 2);
-    // Rule 5b adds nothing lasting: about the same median, and probes above
-    // it now and then, each given back, none past the throughput tolerance.
-    CHECK(median(with_5b) <= median(alone) + 1);
-    CHECK(above * 3 <= static_cast<std::int64_t>(with_5b.size()));
-    CHECK(highest <= flat_from * 2);
+    // Rule 5b's steps past the flat point buy nothing, but a lucky verdict
+    // now and then (noise of 5 % on one interval's throughput) keeps one,
+    // and rule 4 leaves a queue within its allowance be: the limit may
+    // wander up (seen: median 11 in the first five minutes, 13 in the
+    // next), but never past the allowance, whose hold is within the
+    // throughput tolerance.
+    CHECK(first_half <= allowed);
+    CHECK(second_half <= allowed);
+    CHECK(highest <= allowed + 1);  // a probe one step beyond, for the intervals that judge it
+    CHECK(server.mean_ms(highest) <= adaptive_options{}.throughput_tolerance * 1.0 * 1.06);
 }
 
 TEST_CASE("[G4] extra permits that go unused prove nothing, and a no-gain verdict never blocks a latency recovery",
@@ -454,8 +523,8 @@ TEST_CASE("[G4] in an open loop the adaptive limit grows while a step shortens t
     // 1.5 calls per ms, each call in flight lengthening the next by 30 %:
     // about 1.9 calls in flight, their hold near 1.3x what one costs alone
     // (between the headroom and the tolerance), so the latency rules stop
-    // at 2 or 3, where the permits are nearly always all busy and the
-    // calls queue for them.
+    // at 2 to 4, where the permits are often all busy and the calls queue
+    // for them.
     const auto settle = [](const adaptive_options& options, std::vector<int>& limits) {
         open_loop loop(1.5, 0.3);
         limit_controller controller(options, 64);
@@ -477,9 +546,10 @@ TEST_CASE("[G4] in an open loop the adaptive limit grows while a step shortens t
                                         << " ms, gave up " << by_latency.gave_up() << "; with rule 5b: median "
                                         << median(with_5b) << ", highest " << highest << ", in the gate "
                                         << adaptive.mean_in_gate_ms() << " ms (holding " << adaptive.mean_hold_ms()
-                                        << " ms), gave up " << adaptive.gave_up());
-    CHECK(median(alone) <= 3);
-    CHECK(median(with_5b) >= 4);
+                                        << " ms), gave up " << adaptive.gave_up() << "; latency rules alone holding "
+                                        << by_latency.mean_hold_ms() << " ms");
+    CHECK(median(alone) <= 4);
+    CHECK(median(with_5b) > median(alone));
     // Not past where a step stops shortening the wait: the load needs
     // about 2 permits, so beyond about 6 nothing is left to save.
     CHECK(highest <= 8);
@@ -487,7 +557,9 @@ TEST_CASE("[G4] in an open loop the adaptive limit grows while a step shortens t
     // (judged by throughput alone, rule 5b stops at 3, where the mean wait
     // is over three times the hold: 6.2 ms in the gate, 1.5 ms holding).
     CHECK(adaptive.mean_in_gate_ms() <= 2.0 * adaptive.mean_hold_ms());
-    CHECK(adaptive.mean_in_gate_ms() <= 0.2 * by_latency.mean_in_gate_ms());
+    const double adaptive_wait = adaptive.mean_in_gate_ms() - adaptive.mean_hold_ms();
+    const double latency_wait = by_latency.mean_in_gate_ms() - by_latency.mean_hold_ms();
+    CHECK(adaptive_wait <= 0.5 * latency_wait);
     CHECK(adaptive.gave_up() <= by_latency.gave_up());
     // Within the throughput tolerance: the hold is what the load makes it.
     CHECK(adaptive.mean_hold_ms() <= adaptive_options{}.throughput_tolerance * 1.0);
@@ -546,6 +618,13 @@ TEST_CASE("[G6] adaptive settings out of range are refused at construction, nami
     CHECK_THROWS_WITH([&] { gate_t gate(pool, 4, 0, adaptive_options{.throughput_tolerance = 1.2}); }(),
                       Catch::Matchers::ContainsSubstring("throughput_tolerance must be a finite number of at least "
                                                          "headroom"));
+    CHECK_THROWS_WITH([&] { gate_t gate(pool, 4, 0, adaptive_options{.queue_allowance = -1.0}); }(),
+                      Catch::Matchers::ContainsSubstring("queue_allowance must be a finite number of at least 0"));
+    CHECK_THROWS_WITH(
+        [&] {
+            gate_t gate(pool, 4, 0, adaptive_options{.queue_allowance = std::numeric_limits<double>::infinity()});
+        }(),
+        Catch::Matchers::ContainsSubstring("queue_allowance must be a finite number of at least 0"));
     const gate_t fixed(pool, 4, 0, adaptive_options{.floor = 4});  // floor == B: legal, and fixed in effect
     CHECK(fixed.limit() == 4);
     CHECK(fixed.adaptive());
@@ -662,7 +741,7 @@ namespace {
 using adaptive_fake_gate = bulkhead::db_bulkhead<bulkhead_test::fake_pool>;
 
 /// Ten callers (caller c in workload class c % classes, from class `first`)
-/// keep an adaptive gate busy while the "database" slows down eight times
+/// keep an adaptive gate busy while the "database" slows down sixteen times
 /// and recovers: the limit that `limit()` reads (the gate's, or a class's)
 /// must fall below the highest it reached and rise again. Returns the most
 /// callbacks seen running at once; every caller is stopped and joined on
@@ -704,17 +783,19 @@ int exercise_fall_and_rise(adaptive_fake_gate& gate, int classes, const std::fun
             }
         }
     } stopper{running, callers};
-    // The slow start takes it up (to at least 3: room to fall); the
+    // The slow start takes it up (to at least 4: room to fall); the
     // slowdown brings it below the highest it reached; the recovery raises
-    // it again.
+    // it again. Sixteen times slower at 4 calls in flight means 3.75 of
+    // them queued, past the 3.6 that rule 4 allows at a limit of 4
+    // (docs/adaptive.md): the latency rule cuts at any limit from 4 up.
     int peak = 0;
     REQUIRE(bulkhead_test::eventually(
         [&] {
             peak = std::max(peak, limit());
-            return peak >= 3;
+            return peak >= 4;
         },
         20s));
-    slow.store(8);  // eight times slower
+    slow.store(16);  // sixteen times slower
     int lowest = peak;
     REQUIRE(bulkhead_test::eventually(
         [&] {
