@@ -328,9 +328,15 @@ private:
                 set(m_probe_back);
                 return said == verdict::no_gain ? limit_reason::no_gain : limit_reason::latency;
             }
+            // Down by the ratio (the further off, the faster), or only to
+            // where the queue would be within its allowance at the same
+            // throughput, if that is higher: one permit at least.
             const int vouched = m_vouched;
-            const limit_reason reason =
-                scale(std::clamp(m_options.tolerance / sustained, 0.5, 0.9), limit_reason::latency);
+            const auto by_ratio = static_cast<int>(
+                std::floor(static_cast<double>(m_limit) * std::clamp(m_options.tolerance / sustained, 0.5, 0.9)));
+            const int by_queue =
+                std::min(m_limit - 1, static_cast<int>(std::floor(uncongested + allowed_queue(m_limit))));
+            const limit_reason reason = cut_to(std::max(by_ratio, by_queue), limit_reason::latency);
             // Below the limit that was too slow, what bought throughput still did.
             m_vouched = std::min(vouched, m_limit);
             return reason;
@@ -497,9 +503,13 @@ private:
     }
 
     limit_reason scale(double factor, limit_reason reason) noexcept {
+        return cut_to(static_cast<int>(std::floor(static_cast<double>(m_limit) * factor)), reason);
+    }
+
+    limit_reason cut_to(int limit, limit_reason reason) noexcept {
         m_slow_start = false;
         m_vouched = 0;
-        set(static_cast<int>(std::floor(static_cast<double>(m_limit) * factor)));
+        set(limit);
         return reason;
     }
 
