@@ -22,9 +22,12 @@
 //      two ratios counts: one interval's spike is noise), and the calls
 //      that this implies are queued inside the database (the calls in
 //      flight x (1 - 1 / ratio)) more than queue_allowance x log10(L)
-//      (TCP Vegas's beta: 5.4 at L = 8): L x tolerance / ratio, kept
-//      within [1/2, 9/10] (the further off, the faster down); a rule-5b
-//      step still being judged goes back to where it started instead;
+//      (the shape of TCP Vegas's beta: 5.4 at L = 8): L x tolerance /
+//      ratio, kept within [1/2, 9/10] (the further off, the faster down),
+//      or, if higher, the calls in flight / ratio + the allowance (where
+//      the queue would be within it at the same throughput), one permit
+//      less at least; a rule-5b step still being judged goes back to
+//      where it started instead;
 //   5. the mean hold within headroom x the baseline, the limit was
 //      reached (a call found no permit free) and at least half of it was
 //      in use on average: L x 2 until the first decrease (a slow start
@@ -197,8 +200,9 @@ struct adaptive_options {
     double throughput_tolerance = 2.0;
     /// The calls the latency rule lets queue inside the database, per
     /// decade of the limit: at limit L it cuts only when the calls in
-    /// flight x (1 - baseline / hold) pass queue_allowance x log10(L) (TCP
-    /// Vegas's beta). 6 by default: 5.4 calls at L = 8, 7.2 at 16, 10.8 at
+    /// flight x (1 - baseline / hold) pass queue_allowance x log10(L) (the
+    /// shape of TCP Vegas's beta), and then only as far as that queue
+    /// needs. 6 by default: 5.4 calls at L = 8, 7.2 at 16, 10.8 at
     /// 64. 0 switches it off: the hold ratio alone decides. Finite, at
     /// least 0.
     double queue_allowance = 6.0;
