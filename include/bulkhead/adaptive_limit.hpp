@@ -33,8 +33,9 @@
 //      in use on average: L x 2 until the first decrease (a slow start
 //      from the floor, where the gate begins, so that the baseline is
 //      learnt uncongested), L + max(1, L/4) after;
-//   5b. (throughput) the mean hold between headroom and
-//      throughput_tolerance x the baseline: a step up is judged on the
+//   5b. (throughput) the mean hold above headroom x the baseline and
+//      rule 4 did not cut (the hold within throughput_tolerance, or the
+//      queue within the allowance): a step up is judged on the
 //      mean of the two intervals after it, against the calls finished per
 //      second at the limit before it:
 //      - at the same calls per second, the time a call spends in the gate
@@ -77,17 +78,17 @@
 // rise in latency that buys throughput, up to throughput_tolerance (2x:
 // the calls' latency stays within about twice what they cost uncongested)
 // or the queue allowance, and backs off when a larger limit bought none.
+// It never stands in the way of the latency rules: rule 5's growth comes
+// first, a verdict concludes only from permits that were used, and only
+// rule 5b's own steps are taken back.
 //
 // The queue allowance exists for the same server at small limits: there a
 // few calls in flight can make each take three to five times what one
 // costs alone, yet only a few calls are queued, and a bound on the ratio
 // alone cut such a gate to its floor and lost a quarter to two fifths of
 // its throughput (docs/adaptive.md, "The queue allowance"). A ratio says
-// how much slower; the implied queue says how much of the database's time
-// the gate's own calls are waiting, which is what a limit can change. It never stands in the
-// way of the latency rules: rule 5's growth comes first, a verdict
-// concludes only from permits that were used, and only rule 5b's own steps
-// are taken back.
+// how much slower; the implied queue says how many of the gate's own calls
+// are waiting inside the database, which is what a limit can change.
 //
 // The baseline is what a call costs when the database is not congested.
 // It follows a lower mean fast (half-way per interval), and a higher one
@@ -316,11 +317,10 @@ private:
         // The calls queued inside the database, as the latency implies:
         // of those in flight, the share beyond what the baseline's cost
         // would need for the same throughput.
-        const double in_flight = sample.length.count() > 0 ? static_cast<double>(sample.held.count()) /
-                                                                 static_cast<double>(sample.length.count())
-                                                           : 0.0;
+        const double in_flight = occupancy(sample);
+        const double allowance = allowed_queue(m_limit);
         const double uncongested = in_flight / sustained;
-        const bool queueing = in_flight - uncongested > allowed_queue(m_limit);
+        const bool queueing = in_flight - uncongested > allowance;
         if (queueing &&
             (sustained > m_options.throughput_tolerance ||
              (sustained > m_options.tolerance && m_limit > m_vouched && !judging && m_limit > m_options.floor))) {
@@ -338,8 +338,7 @@ private:
             const int vouched = m_vouched;
             const auto by_ratio = static_cast<int>(
                 std::floor(static_cast<double>(m_limit) * std::clamp(m_options.tolerance / sustained, 0.5, 0.9)));
-            const int by_queue =
-                std::min(m_limit - 1, static_cast<int>(std::floor(uncongested + allowed_queue(m_limit))));
+            const int by_queue = std::min(m_limit - 1, static_cast<int>(std::floor(uncongested + allowance)));
             const limit_reason reason = cut_to(std::max(by_ratio, by_queue), limit_reason::latency);
             // Below the limit that was too slow, what bought throughput still did.
             m_vouched = std::min(vouched, m_limit);
@@ -377,9 +376,8 @@ private:
         // (the same calls uncongested, plus the allowance), whichever is
         // higher; one permit at least (a step that goes too far is back
         // after the two intervals that judge it).
-        const auto bound =
-            static_cast<int>(std::floor(std::max(static_cast<double>(m_limit) * m_options.throughput_tolerance / ratio,
-                                                 in_flight / ratio + allowed_queue(m_limit))));
+        const auto bound = static_cast<int>(std::floor(std::max(
+            static_cast<double>(m_limit) * m_options.throughput_tolerance / ratio, in_flight / ratio + allowance)));
         const int next = std::max(m_limit + 1, std::min(m_limit + std::max(1, m_limit / 4), bound));
         const bool waiting = now.wait >= waiting_share * now.in_gate;
         if (sample.limited && next > m_limit && m_cooldown == 0 && (now.occupancy >= busy * m_limit || waiting)) {
@@ -417,7 +415,7 @@ private:
         const auto seconds = std::chrono::duration<double>(sample.length).count();
         if (seconds > 0.0) {
             result.rate = static_cast<double>(std::max<std::int64_t>(sample.calls, 0)) / seconds;
-            result.occupancy = std::chrono::duration<double>(sample.held).count() / seconds;
+            result.occupancy = occupancy(sample);
         }
         if (sample.calls > 0) {
             const auto calls = static_cast<double>(sample.calls);
@@ -518,6 +516,14 @@ private:
     }
 
     void set(int limit) noexcept { m_limit = std::clamp(limit, m_options.floor, m_ceiling); }
+
+    /// The calls in flight on average over an interval: its permit holds
+    /// over its length (Little's law); 0 for an empty interval.
+    static double occupancy(const interval_sample& sample) noexcept {
+        return sample.length.count() > 0
+                   ? static_cast<double>(sample.held.count()) / static_cast<double>(sample.length.count())
+                   : 0.0;
+    }
 
     /// The calls the database may queue at limit L before rule 4 cuts:
     /// queue_allowance x log10(L), as TCP Vegas's beta.
