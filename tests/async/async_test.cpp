@@ -757,19 +757,21 @@ TEST_CASE(
                ", baseline " + std::to_string(now.latency_baseline.count()) + " ns, changes " +
                std::to_string(now.limit_changes);
     };
-    // The slow start takes it up (to at least 3: room to fall); the
+    // The slow start takes it up (to at least 5: room to fall); the
     // slowdown brings it below the highest it reached; the recovery raises
-    // it again.
+    // it again. Twenty-four times slower is past the queue rule 4 allows
+    // at a limit of 5 or 6 even with a sanitizer's overhead (the figures
+    // are in exercise_fall_and_rise, tests/unit/adaptive_limit_test.cpp).
     int peak = 0;
     const bool climbed = bulkhead_test::eventually(
         [&] {
             peak = std::max(peak, gate.limit());
-            return peak >= 3;
+            return peak >= 5;
         },
         20s);
     INFO("after the slow start: " << state() << ", callbacks running at once at most " << most.load());
     REQUIRE(climbed);
-    cost_ms.store(8);
+    cost_ms.store(24);
     int lowest = peak;
     const bool fell = bulkhead_test::eventually(
         [&] {
