@@ -2,7 +2,7 @@
 // neighbour (docs/adaptive.md, "The noisy neighbour").
 //
 //   bulkhead_neighbour_bench [--conninfo CONNINFO] --pgbench PATH --prefix PATH [--phase SECONDS] [--quick]
-//                            [--throughput-tolerance X] [--queue-allowance X] [--floor N]
+//                            [--throughput-tolerance X] [--queue-allowance X] [--floor N] [--rounds N]
 //
 // CONNINFO defaults to $BULKHEAD_TEST_DATABASE (scripts/bench-neighbour
 // starts a throwaway server and passes it so, keeping the password out of
@@ -23,11 +23,17 @@
 //      loop, then under a closed loop of 64 callers that call again at once.
 //      The arms: a fixed gate at the best B, a fixed gate at B = 64 (too
 //      high), an adaptive gate with floor 1 (--floor N: N) and ceiling 64.
+//      With --rounds N the three arms run N times in turn (A B C A B C ...)
+//      within each loop, and the report adds each round's neighbour-phase
+//      ratios and their median: the neighbour's share of the two cores
+//      varies between runs, so one arm after another can differ by more
+//      than the arms themselves do.
 // Results: PREFIX-neighbour.csv (every loop and arm, 0.5 s buckets: goodput,
 // p99 of admitted calls, rejections, the limit and the adaptive limit's
-// latency baseline), PREFIX-neighbour.md (the
-// tables), also printed on stdout; progress on stderr. About 20 minutes
-// (--quick: about 6).
+// latency baseline), PREFIX-neighbour.md (the tables, with pgbench's
+// transactions per second beside each arm's neighbour phase), also printed
+// on stdout; progress on stderr. About 20 minutes (--quick: about 6;
+// --rounds N: N times as long).
 #include "arms.hpp"
 #include "conninfo.hpp"
 #include "load.hpp"
@@ -65,6 +71,7 @@ struct settings {
     /// The adaptive arm's settings: the library's defaults unless
     /// --throughput-tolerance, --queue-allowance or --floor names another.
     bulkhead::adaptive_options adaptive;
+    int rounds = 1;  ///< how many times the arms run in turn in each loop
 };
 
 /// A gate in front of its own pool, fixed or adaptive; one call per job.
@@ -143,7 +150,8 @@ public:
     /// The password goes to pgbench through PGPASSWORD (set once by
     /// run()), not on its command line, where ps would show it.
     neighbour(const settings& config, const std::string& script, std::chrono::seconds length) {
-        const std::string log = config.prefix + "-pgbench.log";
+        m_log = config.prefix + "-pgbench.log";
+        const std::string& log = m_log;
         const std::string command = config.pgbench + " -n -c 4 -j 2 -T " + std::to_string(length.count()) + " -f " +
                                     script + " '" + with_field(config.conninfo, "password", "") + "' >>" + log +
                                     " 2>&1";
@@ -158,9 +166,30 @@ public:
     }
     neighbour(const neighbour&) = delete;
     neighbour& operator=(const neighbour&) = delete;
-    ~neighbour() { m_thread.join(); }
+    ~neighbour() { wait(); }
+
+    /// Waits for pgbench to end; then its transactions per second, the
+    /// last "tps = " line of its log (0 if there is none).
+    double wait_for_tps() {
+        wait();
+        std::ifstream in(m_log);
+        double tps = 0;
+        for (std::string line; std::getline(in, line);) {
+            if (line.rfind("tps = ", 0) == 0) {
+                tps = std::strtod(line.c_str() + 6, nullptr);
+            }
+        }
+        return tps;
+    }
 
 private:
+    void wait() {
+        if (m_thread.joinable()) {
+            m_thread.join();
+        }
+    }
+
+    std::string m_log;
     std::thread m_thread;
 };
 
@@ -221,19 +250,73 @@ limit_sample sample_at(const std::vector<limit_sample>& samples, std::int64_t at
 
 struct phase_row {
     std::string loop;
+    int round = 1;
+    int arm_index = 0;  ///< 0: the best fixed B, 1: the too-high one, 2: adaptive
     std::string arm;
     std::string phase;
     run_summary summary;
     double limit_median = 0;
     double baseline_median_ms = 0;  ///< the adaptive limit's latency baseline (0: a fixed gate)
-    double settle_s = 0;   ///< after the step: until the limit stays within [0.8, 1.25] x the phase median for 2 s
-    double overshoot = 0;  ///< the highest limit in the phase over its median
+    double settle_s = 0;       ///< after the step: until the limit stays within [0.8, 1.25] x the phase median for 2 s
+    double overshoot = 0;      ///< the highest limit in the phase over its median
+    double neighbour_tps = 0;  ///< the neighbour phase: pgbench's transactions per second beside this arm
 };
 
 std::string format(const char* pattern, auto... values) {
     std::array<char, 512> buffer{};
     (void)std::snprintf(buffer.data(), buffer.size(), pattern, values...);
     return buffer.data();
+}
+
+/// The row of `loop`, `round`, arm `arm_index` and phase `phase`.
+const phase_row& row_of(const std::vector<phase_row>& rows, const std::string& loop, int round, int arm_index,
+                        const std::string& phase) {
+    for (const phase_row& row : rows) {
+        if (row.loop == loop && row.round == round && row.arm_index == arm_index && row.phase == phase) {
+            return row;
+        }
+    }
+    throw std::logic_error("no row for " + loop + " round " + std::to_string(round));
+}
+
+/// Each round's neighbour-phase figures, the ratios the goals are stated
+/// in, and their median over the rounds (with --rounds).
+std::string rounds_report(const std::vector<phase_row>& rows, int rounds) {
+    std::ostringstream out;
+    out << "\n## The rounds (the neighbour phase)\n\n"
+        << "| loop | round | goodput: best fixed B, B = 64, adaptive | adaptive / best fixed B | p99 neighbour / "
+           "quiet: "
+           "best fixed B, adaptive | the neighbour's tps: best fixed B, B = 64, adaptive "
+           "|\n|---|---|---|---|---|---|\n";
+    for (const char* loop : {"open", "closed"}) {
+        std::vector<double> goodput_ratios;
+        std::vector<double> p99_ratios;
+        for (int round = 1; round <= rounds; ++round) {
+            const auto noisy = [&](int arm) { return row_of(rows, loop, round, arm, "neighbour").summary; };
+            const auto quiet_p99 = [&](int arm) {
+                return row_of(rows, loop, round, arm, "quiet").summary.admitted_p99_ms;
+            };
+            const double ratio = noisy(2).goodput / std::max(noisy(0).goodput, 1.0);
+            const double best_p99 = noisy(0).admitted_p99_ms / std::max(quiet_p99(0), 0.001);
+            const double adaptive_p99 = noisy(2).admitted_p99_ms / std::max(quiet_p99(2), 0.001);
+            goodput_ratios.push_back(ratio);
+            p99_ratios.push_back(adaptive_p99);
+            const auto tps = [&](int arm) { return row_of(rows, loop, round, arm, "neighbour").neighbour_tps; };
+            out << format("| %s | %d | %.0f, %.0f, %.0f | %.2f | %.2fx, %.2fx | %.1f, %.1f, %.1f |\n", loop, round,
+                          noisy(0).goodput, noisy(1).goodput, noisy(2).goodput, ratio, best_p99, adaptive_p99, tps(0),
+                          tps(1), tps(2));
+        }
+        std::sort(goodput_ratios.begin(), goodput_ratios.end());
+        std::sort(p99_ratios.begin(), p99_ratios.end());
+        // The middle one, or the mean of the middle two.
+        const auto median = [](const std::vector<double>& sorted) {
+            return (sorted[(sorted.size() - 1) / 2] + sorted[sorted.size() / 2]) / 2.0;
+        };
+        out << format("| %s | median (lowest, highest) | | %.2f (%.2f, %.2f) | adaptive %.2fx (%.2fx, %.2fx) | |\n",
+                      loop, median(goodput_ratios), goodput_ratios.front(), goodput_ratios.back(), median(p99_ratios),
+                      p99_ratios.front(), p99_ratios.back());
+    }
+    return out.str();
 }
 
 int run(const settings& config) {
@@ -293,71 +376,82 @@ int run(const settings& config) {
     csv << "loop,arm,t_s,goodput,admitted_p99_ms,rejected_rate,limit,baseline_ms,mean_hold_ms,limit_reason\n";
     std::uint64_t seed = 11;
     for (const char* loop : {"open", "closed"}) {
-        for (const arm_plan& plan_of_arm : arms) {
-            neighbour_arm target(config, plan_of_arm.name, plan_of_arm.permits, plan_of_arm.adaptive);
-            progress(std::string(loop) + " loop, arm " + plan_of_arm.name);
-            limit_sampler sampler(target);
-            std::optional<neighbour> noisy;
-            std::thread starter([&] {
-                std::this_thread::sleep_for(config.phase);  // the quiet phase, then the neighbour's
-                noisy.emplace(config, script, config.phase);
-            });
-            const std::chrono::nanoseconds window = 3 * config.phase;
-            open_loop_plan plan{
-                .arrivals_ns = poisson_arrivals({{window, rate}}, seed++), .window = window, .alternate_api = false};
-            const run_records records = std::string(loop) == "open"
-                                            ? run_open_loop(target, plan)
-                                            : run_closed_loop(target, closed_callers, window, seed);
-            starter.join();
-            noisy.reset();
-            const auto& samples = sampler.stop();
-            const char* names[] = {"quiet", "neighbour", "quiet again"};
-            for (int i = 0; i < 3; ++i) {
-                const std::int64_t from = i * phase_ns;
-                const std::int64_t to = from + phase_ns;
-                phase_row row{
-                    .loop = loop,
-                    .arm = plan_of_arm.name,
-                    .phase = names[i],
-                    .summary = summarize(records.calls, call_deadline, static_cast<double>(phase_ns) / 1e9, from, to)};
-                std::vector<int> limits;
-                std::vector<std::int64_t> baselines;
-                for (const limit_sample& sample : samples) {
-                    if (sample.t_ns >= from && sample.t_ns < to) {
-                        limits.push_back(sample.limit);
-                        baselines.push_back(sample.baseline_ns);
-                    }
-                }
-                row.baseline_median_ms = baselines.empty() ? 0.0 : quantile(baselines, 0.5) / 1e6;
-                if (!limits.empty()) {
-                    std::vector<int> sorted = limits;
-                    std::sort(sorted.begin(), sorted.end());
-                    const double median = sorted[sorted.size() / 2];
-                    row.limit_median = median;
-                    row.overshoot = static_cast<double>(sorted.back()) / std::max(median, 1.0);
-                    // Settled: 20 samples (2 s) in a row within [0.8, 1.25] x median.
-                    int run_length = 0;
-                    row.settle_s = static_cast<double>(phase_ns) / 1e9;
-                    for (std::size_t k = 0; k < limits.size(); ++k) {
-                        const double value = limits[k];
-                        run_length = (value >= 0.8 * median && value <= 1.25 * median) ? run_length + 1 : 0;
-                        if (run_length == 20) {
-                            row.settle_s = static_cast<double>(k + 1 - 20) / 10.0;
-                            break;
+        for (int round = 1; round <= config.rounds; ++round) {
+            for (std::size_t arm_index = 0; arm_index < arms.size(); ++arm_index) {
+                const arm_plan& plan_of_arm = arms[arm_index];
+                const std::string arm_name =
+                    plan_of_arm.name + (config.rounds > 1 ? " #" + std::to_string(round) : std::string());
+                neighbour_arm target(config, arm_name, plan_of_arm.permits, plan_of_arm.adaptive);
+                progress(std::string(loop) + " loop, arm " + arm_name);
+                limit_sampler sampler(target);
+                std::optional<neighbour> noisy;
+                std::thread starter([&] {
+                    std::this_thread::sleep_for(config.phase);  // the quiet phase, then the neighbour's
+                    noisy.emplace(config, script, config.phase);
+                });
+                const std::chrono::nanoseconds window = 3 * config.phase;
+                open_loop_plan plan{.arrivals_ns = poisson_arrivals({{window, rate}}, seed++),
+                                    .window = window,
+                                    .alternate_api = false};
+                const run_records records = std::string(loop) == "open"
+                                                ? run_open_loop(target, plan)
+                                                : run_closed_loop(target, closed_callers, window, seed);
+                starter.join();
+                const double neighbour_tps = noisy ? noisy->wait_for_tps() : 0.0;
+                noisy.reset();
+                const auto& samples = sampler.stop();
+                const char* names[] = {"quiet", "neighbour", "quiet again"};
+                for (int i = 0; i < 3; ++i) {
+                    const std::int64_t from = i * phase_ns;
+                    const std::int64_t to = from + phase_ns;
+                    phase_row row{.loop = loop,
+                                  .round = round,
+                                  .arm_index = static_cast<int>(arm_index),
+                                  .arm = arm_name,
+                                  .phase = names[i],
+                                  .summary = summarize(records.calls, call_deadline,
+                                                       static_cast<double>(phase_ns) / 1e9, from, to),
+                                  .neighbour_tps = i == 1 ? neighbour_tps : 0.0};
+                    std::vector<int> limits;
+                    std::vector<std::int64_t> baselines;
+                    for (const limit_sample& sample : samples) {
+                        if (sample.t_ns >= from && sample.t_ns < to) {
+                            limits.push_back(sample.limit);
+                            baselines.push_back(sample.baseline_ns);
                         }
                     }
+                    row.baseline_median_ms = baselines.empty() ? 0.0 : quantile(baselines, 0.5) / 1e6;
+                    if (!limits.empty()) {
+                        std::vector<int> sorted = limits;
+                        std::sort(sorted.begin(), sorted.end());
+                        const double median = sorted[sorted.size() / 2];
+                        row.limit_median = median;
+                        row.overshoot = static_cast<double>(sorted.back()) / std::max(median, 1.0);
+                        // Settled: 20 samples (2 s) in a row within [0.8, 1.25] x median.
+                        int run_length = 0;
+                        row.settle_s = static_cast<double>(phase_ns) / 1e9;
+                        for (std::size_t k = 0; k < limits.size(); ++k) {
+                            const double value = limits[k];
+                            run_length = (value >= 0.8 * median && value <= 1.25 * median) ? run_length + 1 : 0;
+                            if (run_length == 20) {
+                                row.settle_s = static_cast<double>(k + 1 - 20) / 10.0;
+                                break;
+                            }
+                        }
+                    }
+                    rows.push_back(row);
                 }
-                rows.push_back(row);
-            }
-            const std::int64_t bucket = 500'000'000;
-            for (std::int64_t from = 0; from < 3 * phase_ns; from += bucket) {
-                const run_summary s = summarize(records.calls, call_deadline, 0.5, from, from + bucket);
-                const limit_sample at = sample_at(samples, from + bucket / 2);
-                csv << format("%s,%s,%.2f,%.1f,%.3f,%.1f,%d,%.3f,%.3f,%s\n", loop, plan_of_arm.name.c_str(),
-                              (static_cast<double>(from) + static_cast<double>(bucket) / 2.0) / 1e9, s.goodput,
-                              s.admitted_p99_ms, static_cast<double>(s.rejected_full + s.rejected_wait) / 0.5, at.limit,
-                              static_cast<double>(at.baseline_ns) / 1e6, static_cast<double>(at.mean_hold_ns) / 1e6,
-                              std::string(bulkhead::to_string(at.reason)).c_str());
+                const std::int64_t bucket = 500'000'000;
+                for (std::int64_t from = 0; from < 3 * phase_ns; from += bucket) {
+                    const run_summary s = summarize(records.calls, call_deadline, 0.5, from, from + bucket);
+                    const limit_sample at = sample_at(samples, from + bucket / 2);
+                    csv << format("%s,%s,%.2f,%.1f,%.3f,%.1f,%d,%.3f,%.3f,%s\n", loop, arm_name.c_str(),
+                                  (static_cast<double>(from) + static_cast<double>(bucket) / 2.0) / 1e9, s.goodput,
+                                  s.admitted_p99_ms, static_cast<double>(s.rejected_full + s.rejected_wait) / 0.5,
+                                  at.limit, static_cast<double>(at.baseline_ns) / 1e6,
+                                  static_cast<double>(at.mean_hold_ns) / 1e6,
+                                  std::string(bulkhead::to_string(at.reason)).c_str());
+                }
             }
         }
     }
@@ -368,15 +462,22 @@ int run(const settings& config) {
            << " calls/s); deadline 250 ms; phases of " << config.phase.count() << " s; the adaptive arm's floor "
            << config.adaptive.floor << ", throughput_tolerance " << format("%g", config.adaptive.throughput_tolerance)
            << ", queue_allowance " << format("%g", config.adaptive.queue_allowance)
+           << (config.rounds > 1 ? "; the arms in " + std::to_string(config.rounds) + " rounds" : std::string())
            << ".\n\n## The sweep (neighbour on, 10 s each)\n\n"
            << sweep.str() << "\nBest B: " << best << "\n\n## The arms\n\n"
            << "| loop | arm | phase | goodput (calls/s) | p99 of admitted (ms) | rejected | limit (median) | "
-              "baseline (median ms) | settled after (s) | overshoot |\n|---|---|---|---|---|---|---|---|---|---|\n";
+              "baseline (median ms) | settled after (s) | overshoot | the neighbour's tps |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (const phase_row& row : rows) {
-        report << format("| %s | %s | %s | %.0f | %.1f | %.1f %% | %.0f | %.2f | %.1f | %.2f |\n", row.loop.c_str(),
-                         row.arm.c_str(), row.phase.c_str(), row.summary.goodput, row.summary.admitted_p99_ms,
+        report << format("| %s | %s | %s | %.0f | %.1f | %.1f %% | %.0f | %.2f | %.1f | %.2f | %s |\n",
+                         row.loop.c_str(), row.arm.c_str(), row.phase.c_str(), row.summary.goodput,
+                         row.summary.admitted_p99_ms,
                          100.0 * row.summary.share(row.summary.rejected_full + row.summary.rejected_wait),
-                         row.limit_median, row.baseline_median_ms, row.settle_s, row.overshoot);
+                         row.limit_median, row.baseline_median_ms, row.settle_s, row.overshoot,
+                         row.neighbour_tps > 0 ? format("%.1f", row.neighbour_tps).c_str() : "");
+    }
+    if (config.rounds > 1) {
+        report << rounds_report(rows, config.rounds);
     }
     std::ofstream(config.prefix + "-neighbour.md") << report.str();
     std::fputs(report.str().c_str(), stdout);
@@ -417,13 +518,15 @@ int main(int argc, char** argv) {
                 config.adaptive.queue_allowance = bulkhead_bench::ratio_argument("--queue-allowance", value(), 0, 100);
             } else if (argument == "--floor") {
                 config.adaptive.floor = bulkhead_bench::positive_argument("--floor", value());
+            } else if (argument == "--rounds") {
+                config.rounds = bulkhead_bench::positive_argument("--rounds", value());
             } else if (argument == "--quick") {
                 config.phase = std::chrono::seconds(15);
             } else {
                 std::fprintf(stderr,
                              "usage: bulkhead_neighbour_bench --conninfo CONNINFO --pgbench PATH --prefix PATH "
                              "[--phase SECONDS] [--quick] [--throughput-tolerance X] [--queue-allowance X] "
-                             "[--floor N]\n");
+                             "[--floor N] [--rounds N]\n");
                 return 2;
             }
         }
