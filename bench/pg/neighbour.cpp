@@ -268,6 +268,60 @@ std::string format(const char* pattern, auto... values) {
     return buffer.data();
 }
 
+/// One phase's figures, [from, from + length) of the run: its summary, and
+/// the limit's median, overshoot and settling time and the baseline's
+/// median from the samples; the caller names the row.
+phase_row phase_figures(const run_records& records, const std::vector<limit_sample>& samples, std::int64_t from,
+                        std::int64_t length) {
+    const std::int64_t to = from + length;
+    phase_row row;
+    row.summary = summarize(records.calls, call_deadline, static_cast<double>(length) / 1e9, from, to);
+    std::vector<int> limits;
+    std::vector<std::int64_t> baselines;
+    for (const limit_sample& sample : samples) {
+        if (sample.t_ns >= from && sample.t_ns < to) {
+            limits.push_back(sample.limit);
+            baselines.push_back(sample.baseline_ns);
+        }
+    }
+    row.baseline_median_ms = baselines.empty() ? 0.0 : quantile(baselines, 0.5) / 1e6;
+    if (limits.empty()) {
+        return row;
+    }
+    std::vector<int> sorted = limits;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[sorted.size() / 2];
+    row.limit_median = median;
+    row.overshoot = static_cast<double>(sorted.back()) / std::max(median, 1.0);
+    // Settled: 20 samples (2 s) in a row within [0.8, 1.25] x median.
+    int run_length = 0;
+    row.settle_s = static_cast<double>(length) / 1e9;
+    for (std::size_t k = 0; k < limits.size(); ++k) {
+        const double value = limits[k];
+        run_length = (value >= 0.8 * median && value <= 1.25 * median) ? run_length + 1 : 0;
+        if (run_length == 20) {
+            row.settle_s = static_cast<double>(k + 1 - 20) / 10.0;
+            break;
+        }
+    }
+    return row;
+}
+
+/// The run's CSV lines, one per 0.5 s of its `length`.
+void write_buckets(std::ostream& csv, const char* loop, const std::string& arm, const run_records& records,
+                   const std::vector<limit_sample>& samples, std::int64_t length) {
+    const std::int64_t bucket = 500'000'000;
+    for (std::int64_t from = 0; from < length; from += bucket) {
+        const run_summary s = summarize(records.calls, call_deadline, 0.5, from, from + bucket);
+        const limit_sample at = sample_at(samples, from + bucket / 2);
+        csv << format("%s,%s,%.2f,%.1f,%.3f,%.1f,%d,%.3f,%.3f,%s\n", loop, arm.c_str(),
+                      (static_cast<double>(from) + static_cast<double>(bucket) / 2.0) / 1e9, s.goodput,
+                      s.admitted_p99_ms, static_cast<double>(s.rejected_full + s.rejected_wait) / 0.5, at.limit,
+                      static_cast<double>(at.baseline_ns) / 1e6, static_cast<double>(at.mean_hold_ns) / 1e6,
+                      std::string(bulkhead::to_string(at.reason)).c_str());
+    }
+}
+
 /// The row of `loop`, `round`, arm `arm_index` and phase `phase`.
 const phase_row& row_of(const std::vector<phase_row>& rows, const std::string& loop, int round, int arm_index,
                         const std::string& phase) {
@@ -292,19 +346,21 @@ std::string rounds_report(const std::vector<phase_row>& rows, int rounds) {
         std::vector<double> goodput_ratios;
         std::vector<double> p99_ratios;
         for (int round = 1; round <= rounds; ++round) {
-            const auto noisy = [&](int arm) { return row_of(rows, loop, round, arm, "neighbour").summary; };
+            const std::array<const phase_row*, 3> noisy = {&row_of(rows, loop, round, 0, "neighbour"),
+                                                           &row_of(rows, loop, round, 1, "neighbour"),
+                                                           &row_of(rows, loop, round, 2, "neighbour")};
             const auto quiet_p99 = [&](int arm) {
                 return row_of(rows, loop, round, arm, "quiet").summary.admitted_p99_ms;
             };
-            const double ratio = noisy(2).goodput / std::max(noisy(0).goodput, 1.0);
-            const double best_p99 = noisy(0).admitted_p99_ms / std::max(quiet_p99(0), 0.001);
-            const double adaptive_p99 = noisy(2).admitted_p99_ms / std::max(quiet_p99(2), 0.001);
+            const double ratio = noisy[2]->summary.goodput / std::max(noisy[0]->summary.goodput, 1.0);
+            const double best_p99 = noisy[0]->summary.admitted_p99_ms / std::max(quiet_p99(0), 0.001);
+            const double adaptive_p99 = noisy[2]->summary.admitted_p99_ms / std::max(quiet_p99(2), 0.001);
             goodput_ratios.push_back(ratio);
             p99_ratios.push_back(adaptive_p99);
-            const auto tps = [&](int arm) { return row_of(rows, loop, round, arm, "neighbour").neighbour_tps; };
             out << format("| %s | %d | %.0f, %.0f, %.0f | %.2f | %.2fx, %.2fx | %.1f, %.1f, %.1f |\n", loop, round,
-                          noisy(0).goodput, noisy(1).goodput, noisy(2).goodput, ratio, best_p99, adaptive_p99, tps(0),
-                          tps(1), tps(2));
+                          noisy[0]->summary.goodput, noisy[1]->summary.goodput, noisy[2]->summary.goodput, ratio,
+                          best_p99, adaptive_p99, noisy[0]->neighbour_tps, noisy[1]->neighbour_tps,
+                          noisy[2]->neighbour_tps);
         }
         std::sort(goodput_ratios.begin(), goodput_ratios.end());
         std::sort(p99_ratios.begin(), p99_ratios.end());
@@ -402,56 +458,16 @@ int run(const settings& config) {
                 const auto& samples = sampler.stop();
                 const char* names[] = {"quiet", "neighbour", "quiet again"};
                 for (int i = 0; i < 3; ++i) {
-                    const std::int64_t from = i * phase_ns;
-                    const std::int64_t to = from + phase_ns;
-                    phase_row row{.loop = loop,
-                                  .round = round,
-                                  .arm_index = static_cast<int>(arm_index),
-                                  .arm = arm_name,
-                                  .phase = names[i],
-                                  .summary = summarize(records.calls, call_deadline,
-                                                       static_cast<double>(phase_ns) / 1e9, from, to),
-                                  .neighbour_tps = i == 1 ? neighbour_tps : 0.0};
-                    std::vector<int> limits;
-                    std::vector<std::int64_t> baselines;
-                    for (const limit_sample& sample : samples) {
-                        if (sample.t_ns >= from && sample.t_ns < to) {
-                            limits.push_back(sample.limit);
-                            baselines.push_back(sample.baseline_ns);
-                        }
-                    }
-                    row.baseline_median_ms = baselines.empty() ? 0.0 : quantile(baselines, 0.5) / 1e6;
-                    if (!limits.empty()) {
-                        std::vector<int> sorted = limits;
-                        std::sort(sorted.begin(), sorted.end());
-                        const double median = sorted[sorted.size() / 2];
-                        row.limit_median = median;
-                        row.overshoot = static_cast<double>(sorted.back()) / std::max(median, 1.0);
-                        // Settled: 20 samples (2 s) in a row within [0.8, 1.25] x median.
-                        int run_length = 0;
-                        row.settle_s = static_cast<double>(phase_ns) / 1e9;
-                        for (std::size_t k = 0; k < limits.size(); ++k) {
-                            const double value = limits[k];
-                            run_length = (value >= 0.8 * median && value <= 1.25 * median) ? run_length + 1 : 0;
-                            if (run_length == 20) {
-                                row.settle_s = static_cast<double>(k + 1 - 20) / 10.0;
-                                break;
-                            }
-                        }
-                    }
-                    rows.push_back(row);
+                    phase_row row = phase_figures(records, samples, i * phase_ns, phase_ns);
+                    row.loop = loop;
+                    row.round = round;
+                    row.arm_index = static_cast<int>(arm_index);
+                    row.arm = arm_name;
+                    row.phase = names[i];
+                    row.neighbour_tps = i == 1 ? neighbour_tps : 0.0;
+                    rows.push_back(std::move(row));
                 }
-                const std::int64_t bucket = 500'000'000;
-                for (std::int64_t from = 0; from < 3 * phase_ns; from += bucket) {
-                    const run_summary s = summarize(records.calls, call_deadline, 0.5, from, from + bucket);
-                    const limit_sample at = sample_at(samples, from + bucket / 2);
-                    csv << format("%s,%s,%.2f,%.1f,%.3f,%.1f,%d,%.3f,%.3f,%s\n", loop, arm_name.c_str(),
-                                  (static_cast<double>(from) + static_cast<double>(bucket) / 2.0) / 1e9, s.goodput,
-                                  s.admitted_p99_ms, static_cast<double>(s.rejected_full + s.rejected_wait) / 0.5,
-                                  at.limit, static_cast<double>(at.baseline_ns) / 1e6,
-                                  static_cast<double>(at.mean_hold_ns) / 1e6,
-                                  std::string(bulkhead::to_string(at.reason)).c_str());
-                }
+                write_buckets(csv, loop, arm_name, records, samples, 3 * phase_ns);
             }
         }
     }
