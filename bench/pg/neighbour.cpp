@@ -3,6 +3,7 @@
 //
 //   bulkhead_neighbour_bench [--conninfo CONNINFO] --pgbench PATH --prefix PATH [--phase SECONDS] [--quick]
 //                            [--throughput-tolerance X] [--queue-allowance X] [--floor N] [--rounds N]
+//                            [--neighbour-clients N]
 //
 // CONNINFO defaults to $BULKHEAD_TEST_DATABASE (scripts/bench-neighbour
 // starts a throwaway server and passes it so, keeping the password out of
@@ -10,7 +11,8 @@
 // The service's load is open loop: Poisson arrivals at 70 % of what the gate
 // at B = 4 completes in a closed loop on a quiet server, each a read/write
 // transaction (UPDATE one row, SELECT another) with a 250 ms deadline and a
-// 50 ms queue wait, 256 callers. The neighbour is pgbench (-c 4 -j 2) running
+// 50 ms queue wait, 256 callers. The neighbour is pgbench (-c 4 -j 2;
+// --neighbour-clients N: -c N, -j 2 at most) running
 // a CPU-heavy scan (a LIKE over 200,000 rows) against the same server,
 // which has two cores.
 //
@@ -18,7 +20,8 @@
 //   1. the rate: the closed-loop capacity of a gate with B = 4, quiet;
 //   2. a sweep with the neighbour on: fixed gates of B = 1, 2, 4, 8, 16 at
 //      that rate, 10 s each; the best B is the one with the most goodput;
-//   3. three arms, each through three phases of PHASE seconds (60 by
+//   3. three arms, each through 10 s of warm-up (not measured: the adaptive
+//      gate's slow start) and three phases of PHASE seconds (60 by
 //      default; --quick: 15): neighbour off, on, off, first under the open
 //      loop, then under a closed loop of 64 callers that call again at once.
 //      The arms: a fixed gate at the best B, a fixed gate at B = 64 (too
@@ -32,7 +35,7 @@
 // p99 of admitted calls, rejections, the limit and the adaptive limit's
 // latency baseline), PREFIX-neighbour.md (the tables, with pgbench's
 // transactions per second beside each arm's neighbour phase), also printed
-// on stdout; progress on stderr. About 20 minutes (--quick: about 6;
+// on stdout; progress on stderr. About 21 minutes (--quick: about 6;
 // --rounds N: N times as long).
 #include "arms.hpp"
 #include "conninfo.hpp"
@@ -62,6 +65,11 @@ namespace {
 constexpr auto call_deadline = 250ms;
 constexpr int too_high = 64;
 constexpr int closed_callers = 64;  ///< the closed loop's callers, each calling again at once
+/// Each arm runs this long before its quiet phase, unmeasured: the adaptive
+/// gate's slow start from its floor (about 5 s) would otherwise be the
+/// quiet phase's p99, and the neighbour phase's p99 would be compared with
+/// it instead of with the gate's quiet steady state.
+constexpr auto warm_up = 10s;
 
 struct settings {
     std::string conninfo;
@@ -72,6 +80,8 @@ struct settings {
     /// --throughput-tolerance, --queue-allowance or --floor names another.
     bulkhead::adaptive_options adaptive;
     int rounds = 1;  ///< how many times the arms run in turn in each loop
+    /// pgbench's clients (-c); its threads (-j) are min(clients, 2).
+    int neighbour_clients = 4;
 };
 
 /// A gate in front of its own pool, fixed or adaptive; one call per job.
@@ -152,9 +162,11 @@ public:
     neighbour(const settings& config, const std::string& script, std::chrono::seconds length) {
         m_log = config.prefix + "-pgbench.log";
         const std::string& log = m_log;
-        const std::string command = config.pgbench + " -n -c 4 -j 2 -T " + std::to_string(length.count()) + " -f " +
-                                    script + " '" + with_field(config.conninfo, "password", "") + "' >>" + log +
-                                    " 2>&1";
+        const int clients = config.neighbour_clients;
+        const std::string command = config.pgbench + " -n -c " + std::to_string(clients) + " -j " +
+                                    std::to_string(std::min(clients, 2)) + " -T " + std::to_string(length.count()) +
+                                    " -f " + script + " '" + with_field(config.conninfo, "password", "") + "' >>" +
+                                    log + " 2>&1";
         m_thread = std::thread([command, log] {
             // NOLINTNEXTLINE(cert-env33-c,concurrency-mt-unsafe): the benchmark's own child, a fixed command
             if (std::system(command.c_str()) != 0) {
@@ -307,15 +319,16 @@ phase_row phase_figures(const run_records& records, const std::vector<limit_samp
     return row;
 }
 
-/// The run's CSV lines, one per 0.5 s of its `length`.
+/// The run's CSV lines, one per 0.5 s of [start, start + length), their
+/// times counted from `start`.
 void write_buckets(std::ostream& csv, const char* loop, const std::string& arm, const run_records& records,
-                   const std::vector<limit_sample>& samples, std::int64_t length) {
+                   const std::vector<limit_sample>& samples, std::int64_t start, std::int64_t length) {
     const std::int64_t bucket = 500'000'000;
-    for (std::int64_t from = 0; from < length; from += bucket) {
+    for (std::int64_t from = start; from < start + length; from += bucket) {
         const run_summary s = summarize(records.calls, call_deadline, 0.5, from, from + bucket);
         const limit_sample at = sample_at(samples, from + bucket / 2);
         csv << format("%s,%s,%.2f,%.1f,%.3f,%.1f,%d,%.3f,%.3f,%s\n", loop, arm.c_str(),
-                      (static_cast<double>(from) + static_cast<double>(bucket) / 2.0) / 1e9, s.goodput,
+                      (static_cast<double>(from - start) + static_cast<double>(bucket) / 2.0) / 1e9, s.goodput,
                       s.admitted_p99_ms, static_cast<double>(s.rejected_full + s.rejected_wait) / 0.5, at.limit,
                       static_cast<double>(at.baseline_ns) / 1e6, static_cast<double>(at.mean_hold_ns) / 1e6,
                       std::string(bulkhead::to_string(at.reason)).c_str());
@@ -427,6 +440,7 @@ int run(const settings& config) {
         {"fixed B = " + std::to_string(too_high), too_high, false},
         {"adaptive (" + std::to_string(config.adaptive.floor) + "..64)", too_high, true}};
     const std::int64_t phase_ns = std::chrono::nanoseconds(config.phase).count();
+    const std::int64_t warm_up_ns = std::chrono::nanoseconds(warm_up).count();
     std::vector<phase_row> rows;
     std::ofstream csv(config.prefix + "-neighbour.csv");
     csv << "loop,arm,t_s,goodput,admitted_p99_ms,rejected_rate,limit,baseline_ms,mean_hold_ms,limit_reason\n";
@@ -442,10 +456,10 @@ int run(const settings& config) {
                 limit_sampler sampler(target);
                 std::optional<neighbour> noisy;
                 std::thread starter([&] {
-                    std::this_thread::sleep_for(config.phase);  // the quiet phase, then the neighbour's
+                    std::this_thread::sleep_for(warm_up + config.phase);  // then the neighbour's phase
                     noisy.emplace(config, script, config.phase);
                 });
-                const std::chrono::nanoseconds window = 3 * config.phase;
+                const std::chrono::nanoseconds window = warm_up + 3 * config.phase;
                 open_loop_plan plan{.arrivals_ns = poisson_arrivals({{window, rate}}, seed++),
                                     .window = window,
                                     .alternate_api = false};
@@ -458,7 +472,7 @@ int run(const settings& config) {
                 const auto& samples = sampler.stop();
                 const char* names[] = {"quiet", "neighbour", "quiet again"};
                 for (int i = 0; i < 3; ++i) {
-                    phase_row row = phase_figures(records, samples, i * phase_ns, phase_ns);
+                    phase_row row = phase_figures(records, samples, warm_up_ns + i * phase_ns, phase_ns);
                     row.loop = loop;
                     row.round = round;
                     row.arm_index = static_cast<int>(arm_index);
@@ -467,7 +481,7 @@ int run(const settings& config) {
                     row.neighbour_tps = i == 1 ? neighbour_tps : 0.0;
                     rows.push_back(std::move(row));
                 }
-                write_buckets(csv, loop, arm_name, records, samples, 3 * phase_ns);
+                write_buckets(csv, loop, arm_name, records, samples, warm_up_ns, 3 * phase_ns);
             }
         }
     }
@@ -477,7 +491,8 @@ int run(const settings& config) {
            << " calls/s (70 % of the quiet capacity at B = 4, " << format("%.0f", capacity)
            << " calls/s); deadline 250 ms; phases of " << config.phase.count() << " s; the adaptive arm's floor "
            << config.adaptive.floor << ", throughput_tolerance " << format("%g", config.adaptive.throughput_tolerance)
-           << ", queue_allowance " << format("%g", config.adaptive.queue_allowance)
+           << ", queue_allowance " << format("%g", config.adaptive.queue_allowance) << "; the neighbour: pgbench with "
+           << config.neighbour_clients << " clients"
            << (config.rounds > 1 ? "; the arms in " + std::to_string(config.rounds) + " rounds" : std::string())
            << ".\n\n## The sweep (neighbour on, 10 s each)\n\n"
            << sweep.str() << "\nBest B: " << best << "\n\n## The arms\n\n"
@@ -536,13 +551,15 @@ int main(int argc, char** argv) {
                 config.adaptive.floor = bulkhead_bench::positive_argument("--floor", value());
             } else if (argument == "--rounds") {
                 config.rounds = bulkhead_bench::positive_argument("--rounds", value());
+            } else if (argument == "--neighbour-clients") {
+                config.neighbour_clients = bulkhead_bench::positive_argument("--neighbour-clients", value());
             } else if (argument == "--quick") {
                 config.phase = std::chrono::seconds(15);
             } else {
                 std::fprintf(stderr,
                              "usage: bulkhead_neighbour_bench --conninfo CONNINFO --pgbench PATH --prefix PATH "
                              "[--phase SECONDS] [--quick] [--throughput-tolerance X] [--queue-allowance X] "
-                             "[--floor N] [--rounds N]\n");
+                             "[--floor N] [--rounds N] [--neighbour-clients N]\n");
                 return 2;
             }
         }
