@@ -35,7 +35,7 @@
 // p99 of admitted calls, rejections, the limit and the adaptive limit's
 // latency baseline), PREFIX-neighbour.md (the tables, with pgbench's
 // transactions per second beside each arm's neighbour phase), also printed
-// on stdout; progress on stderr. About 21 minutes (--quick: about 6;
+// on stdout; progress on stderr. About 21 minutes (--quick: about 7;
 // --rounds N: N times as long).
 #include "arms.hpp"
 #include "conninfo.hpp"
