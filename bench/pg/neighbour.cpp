@@ -138,9 +138,27 @@ private:
 
 void progress(const std::string& text) { std::fprintf(stderr, "neighbour: %s\n", text.c_str()); }
 
-/// The neighbour's table and script.
-std::string prepare_neighbour(const std::string& conninfo, const std::string& prefix) {
+/// The neighbour's table and script. Refuses, before any arm runs, a
+/// neighbour whose clients and the B = 64 arm's connections would not fit
+/// in the server's max_connections (less its reserved ones): pgbench would
+/// fail minutes into the run.
+std::string prepare_neighbour(const std::string& conninfo, const std::string& prefix, int clients) {
     pqxx::connection connection(conninfo);
+    {
+        pqxx::nontransaction tx(connection);
+        const int allowed = tx.exec(
+                                  "SELECT current_setting('max_connections')::int - "
+                                  "current_setting('superuser_reserved_connections')::int")[0][0]
+                                .as<int>();
+        const int needed = clients + too_high + 2;  // pgbench's, the arm's pool, this one and the probe's
+        if (needed > allowed) {
+            throw std::invalid_argument("--neighbour-clients " + std::to_string(clients) +
+                                        ": pgbench's clients and "
+                                        "the B = 64 arm's connections need " +
+                                        std::to_string(needed) + ", and the server takes " + std::to_string(allowed) +
+                                        " (max_connections less the reserved ones)");
+        }
+    }
     {
         pqxx::work tx(connection);
         tx.exec("DROP TABLE IF EXISTS bench_neighbour");
@@ -396,7 +414,7 @@ int run(const settings& config) {
         (void)::setenv("PGPASSWORD", password->second.c_str(), 1);
     }
     prepare_database(config.conninfo);
-    const std::string script = prepare_neighbour(config.conninfo, config.prefix);
+    const std::string script = prepare_neighbour(config.conninfo, config.prefix, config.neighbour_clients);
 
     // 1. The rate.
     double capacity = 0;
@@ -489,7 +507,8 @@ int run(const settings& config) {
     std::ostringstream report;
     report << "# Noisy neighbour\n\nOffered: " << format("%.0f", rate)
            << " calls/s (70 % of the quiet capacity at B = 4, " << format("%.0f", capacity)
-           << " calls/s); deadline 250 ms; phases of " << config.phase.count() << " s; the adaptive arm's floor "
+           << " calls/s); deadline 250 ms; phases of " << config.phase.count() << " s, each arm's after "
+           << warm_up.count() << " s of warm-up that is not measured; the adaptive arm's floor "
            << config.adaptive.floor << ", throughput_tolerance " << format("%g", config.adaptive.throughput_tolerance)
            << ", queue_allowance " << format("%g", config.adaptive.queue_allowance) << "; the neighbour: pgbench with "
            << config.neighbour_clients << " clients"

@@ -623,7 +623,7 @@ TEST_CASE(
              << loop.mean_in_gate_ms() << " ms, holding " << loop.mean_hold_ms() << " ms; gave up " << loop.gave_up());
         CHECK(slow.no_relief >= 1);
         CHECK(median(slow.limits) >= 16);
-        // Without rule 4c the limit sat at 4-5 (median 5): 59 % of the
+        // Without rule 4c the limit sat at 4-5 (median 5): 61 % of the
         // arrivals gave up waiting, and the calls spent 55 ms in the gate
         // to hold a permit for 6. Here only the second or so before the
         // verdict queues.
