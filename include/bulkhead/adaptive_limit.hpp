@@ -27,18 +27,7 @@
 //      or, if higher, the calls in flight / ratio + the allowance (where
 //      the queue would be within it at the same throughput), one permit
 //      less at least; a rule-5b step still being judged goes back to
-//      where it started instead. Rule 4 does not cut again until its last
-//      cut is judged (4c);
-//   4c. (no relief) a rule-4 cut is judged on the mean of the two
-//      intervals after it, against the limit it cut (the mean of up to
-//      its last four intervals): if the mean
-//      hold did not fall, the calls
-//      finished per second did not rise and the wait for a permit grew,
-//      the cut relieved nothing: the database is slow for a reason the
-//      gate's calls are not (a neighbour), and the cut only queued them
-//      in front of the gate. The hold measured at the lower limit becomes
-//      the baseline (what a call costs uncongested now) and the limit goes
-//      back to where it was;
+//      where it started instead;
 //   5. the mean hold within headroom x the baseline, the limit was
 //      reached (a call found no permit free) and at least half of it was
 //      in use on average: L x 2 until the first decrease (a slow start
@@ -141,11 +130,10 @@ enum class limit_reason : std::uint8_t {
     recovered,   ///< the mean permit hold is back near the baseline and the limit was reached
     throughput,  ///< the last step up bought throughput: the limit grows on, past the headroom
     no_gain,     ///< a step up whose extra permits were used bought no throughput: back to the limit before it
-    no_relief,  ///< a latency cut bought neither throughput nor a shorter time in the gate: back to the limit before it
 };
 
 /// The number of limit_reason values.
-inline constexpr std::size_t limit_reason_count = 9;
+inline constexpr std::size_t limit_reason_count = 8;
 
 /// A short, stable, lower-case name for `reason` ("latency", ...), for
 /// metric labels and logs.
@@ -167,8 +155,6 @@ inline constexpr std::size_t limit_reason_count = 9;
             return "throughput";
         case limit_reason::no_gain:
             return "no_gain";
-        case limit_reason::no_relief:
-            return "no_relief";
     }
     return "unknown";
 }
@@ -324,18 +310,6 @@ private:
         } else if (said == verdict::no_gain) {
             m_cooldown = probe_pause;  // whichever rule acts now: no rule-5b step for a while
         }
-        const verdict cut = judge_cut();
-        if (cut == verdict::no_gain) {
-            // Rule 4c: the latency cut did not shorten the hold, it only
-            // queued the calls in front of the gate. The database is slower
-            // for a reason the gate's calls are not, and what a call costs
-            // at the lower concurrency is what it costs uncongested now:
-            // that is the baseline, and the limit goes back to where it was.
-            m_baseline_ns = std::max(m_baseline_ns, (m_figures.in_gate - m_figures.wait) * 1e9);
-            m_last_ratio = 1.0;
-            set(m_cut_back);
-            return limit_reason::no_relief;
-        }
         // A rule-5b step is judged before the tolerance applies to it, and
         // at the floor, where rule 4 has nothing to cut, rule 5b may try a
         // step; the throughput tolerance always applies.
@@ -358,9 +332,6 @@ private:
                 set(m_probe_back);
                 return said == verdict::no_gain ? limit_reason::no_gain : limit_reason::latency;
             }
-            if (cut == verdict::pending) {
-                return m_reason;  // the last cut is still being judged (rule 4c)
-            }
             // Down by the ratio (the further off, the faster), or only to
             // where the queue would be within its allowance at the same
             // throughput, if that is higher: one permit at least.
@@ -368,15 +339,7 @@ private:
             const auto by_ratio = static_cast<int>(
                 std::floor(static_cast<double>(m_limit) * std::clamp(m_options.tolerance / sustained, 0.5, 0.9)));
             const int by_queue = std::min(m_limit - 1, static_cast<int>(std::floor(uncongested + allowance)));
-            // Judged (rule 4c) against the figures of the limit it cuts
-            // (the last few intervals' mean, not only the two slow ones
-            // that decided it: after those, any mean tends to be lower).
-            m_cut_back = m_limit;
-            m_cut_rate = now.rate;
-            m_cut_wait = now.wait;
-            m_cut_in_gate = now.in_gate;
             const limit_reason reason = cut_to(std::max(by_ratio, by_queue), limit_reason::latency);
-            m_cut_to = m_limit;
             // Below the limit that was too slow, what bought throughput still did.
             m_vouched = std::min(vouched, m_limit);
             return reason;
@@ -511,35 +474,6 @@ private:
         return now.rate >= m_probe_rate * (1.0 + needed) ? verdict::gain : verdict::no_gain;
     }
 
-    /// Judges the latency cut that brought the limit from m_cut_back to
-    /// m_limit, once the figures of judged_intervals intervals at the new
-    /// limit are in, and forgets it. no_gain (no relief): the mean hold
-    /// did not fall, the calls finished per second did not rise by
-    /// min_gain, and the wait for a permit grew. That is what
-    /// the gate sees when the database is slow for a reason its own calls
-    /// are not (a neighbour's load): each call as slow as before, and a
-    /// queue in front of the gate. Where the gate's calls were the
-    /// congestion, a cut shortens the hold in proportion, and it stays. A
-    /// gate whose waits are not timed (enter()) has no wait to compare:
-    /// never no_gain.
-    verdict judge_cut() noexcept {
-        if (m_cut_to == 0) {
-            return verdict::none;
-        }
-        if (m_cut_to != m_limit) {
-            m_cut_to = 0;  // another rule moved the limit since
-            return verdict::none;
-        }
-        if (m_figures_count < judged_intervals) {
-            return verdict::pending;
-        }
-        m_cut_to = 0;
-        const interval_figures& now = m_figures;
-        const bool unrelieved = now.in_gate - now.wait >= m_cut_in_gate - m_cut_wait;
-        const bool no_throughput = now.rate < m_cut_rate * (1.0 + min_gain);
-        return unrelieved && no_throughput && now.wait > m_cut_wait ? verdict::no_gain : verdict::gain;
-    }
-
     /// Raises the limit to `limit`, remembering where it came from and the
     /// throughput there, for judge_probe() in the next interval.
     void grow(int limit, const interval_figures& now, bool by_5b) noexcept {
@@ -570,9 +504,7 @@ private:
         }
     }
 
-    /// Rules 1-3.
     limit_reason scale(double factor, limit_reason reason) noexcept {
-        m_cut_to = 0;  // a cut the errors made is not rule 4c's to judge
         return cut_to(static_cast<int>(std::floor(static_cast<double>(m_limit) * factor)), reason);
     }
 
@@ -656,14 +588,6 @@ private:
     int m_vouched = 0;             // the highest limit a step up to which bought throughput, since the last cut
     int m_vouch_left = 0;          // intervals until m_vouched lapses
     int m_cooldown = 0;            // intervals until rule 5b may step up again after a step that bought nothing
-    // Rule 4c. The latency cut being judged: from m_cut_back to m_cut_to
-    // (0: none pending), and the figures at m_cut_back (rule 4 does not
-    // cut again until it is judged).
-    int m_cut_back = 0;
-    int m_cut_to = 0;
-    double m_cut_rate = 0.0;
-    double m_cut_wait = 0.0;
-    double m_cut_in_gate = 0.0;
     // The figures at the current limit (interval_figures), averaged.
     int m_figures_limit = 0;
     int m_figures_count = 0;

@@ -61,18 +61,31 @@ public:
 
     void set_neighbour(double load) { m_neighbour = load; }
 
+    /// From now on the gate has `callers` callers that call again at once
+    /// (a closed loop): the ones beyond the limit wait for a permit, and
+    /// the intervals carry those waits (by Little's law, the callers
+    /// waiting times the interval's length). 0: waits not timed.
+    void set_callers(int callers) { m_callers = callers; }
+
     /// The mean permit hold at `limit` calls in flight.
     [[nodiscard]] double mean_ms(int limit) const {
         return m_base_ms * std::max(1.0, (static_cast<double>(limit) + m_neighbour) / m_cores);
     }
 
     /// One 250 ms interval at `limit`.
-    interval_sample interval(int limit) { return limited_interval(limit, mean_ms(limit), m_random); }
+    interval_sample interval(int limit) {
+        interval_sample sample = limited_interval(limit, mean_ms(limit), m_random);
+        if (m_callers > limit) {
+            sample.waited = (m_callers - limit) * sample.length;
+        }
+        return sample;
+    }
 
 private:
     double m_base_ms;
     double m_cores;
     double m_neighbour = 0.0;
+    int m_callers = 0;
     std::mt19937 m_random{20261202};
 };
 
@@ -178,6 +191,13 @@ TEST_CASE("[G5] the adaptive limit does not drift upward under sustained modest 
     // simulated minutes.
     simulated_database database(2.0, 16.0);
     database.set_neighbour(6.0);
+    // Without waits (enter(), or callers that never queue), and with the
+    // waits of 96 callers timed, which rule 5b reads (and which broke this
+    // test with a rule that read them wrongly: docs/adaptive.md, "Rule 4c,
+    // tried and taken back").
+    const int callers = GENERATE(0, 96);
+    database.set_callers(callers);
+    INFO(callers << " callers' waits timed");
     limit_controller controller(adaptive_options{}, 64);
     (void)run(controller, database, 60 * per_second);  // the first minute: it settles
     const auto [early_low, early_high] = run(controller, database, 60 * per_second);
@@ -468,8 +488,8 @@ public:
                 const double wait = m_now - m_queue.front();
                 waited += wait;
                 m_queue.pop_front();
-                std::exponential_distribution<double> hold(
-                    1.0 / (m_slower * (1.0 + m_lengthen * static_cast<double>(m_running.size()))));
+                std::exponential_distribution<double> hold(1.0 /
+                                                           (1.0 + m_lengthen * static_cast<double>(m_running.size())));
                 m_running.emplace(m_now + hold(m_random), m_now);
                 m_in_gate += wait;
             }
@@ -495,11 +515,6 @@ public:
     [[nodiscard]] double gave_up() const {
         return static_cast<double>(m_gave_up) / static_cast<double>(std::max<std::int64_t>(m_arrived, 1));
     }
-    /// From now on every call takes `factor` times as long, however many
-    /// are in flight: a neighbour's load, not the gate's.
-    void slow_down(double factor) { m_slower = factor; }
-    /// From now on the calls arrive at `per_ms` a millisecond.
-    void arrive(double per_ms) { m_per_ms = per_ms; }
     void reset() {
         m_in_gate = 0.0;
         m_held = 0.0;
@@ -515,7 +530,6 @@ private:
 
     double m_per_ms;
     double m_lengthen;
-    double m_slower = 1.0;
     std::mt19937 m_random{20261204};
     double m_now = 0.0;
     double m_next_arrival = 0.0;
@@ -576,79 +590,6 @@ TEST_CASE("[G4] in an open loop the adaptive limit grows while a step shortens t
     CHECK(adaptive.gave_up() <= by_latency.gave_up());
     // Within the throughput tolerance: the hold is what the load makes it.
     CHECK(adaptive.mean_hold_ms() <= adaptive_options{}.throughput_tolerance * 1.0);
-}
-
-namespace {
-
-/// What `seconds` of `loop` under `controller` looked like.
-struct open_run {
-    std::vector<int> limits;
-    int no_relief = 0;  // intervals whose verdict undid a latency cut
-    int latency = 0;    // intervals that cut by latency
-};
-
-open_run run_open(limit_controller& controller, open_loop& loop, int seconds) {
-    open_run result;
-    for (int i = 0; i < seconds * per_second; ++i) {
-        const std::uint64_t changes = controller.changes();
-        result.limits.push_back(controller.update(loop.interval(controller.limit())));
-        if (controller.changes() != changes) {
-            result.no_relief += controller.reason() == limit_reason::no_relief ? 1 : 0;
-            result.latency += controller.reason() == limit_reason::latency ? 1 : 0;
-        }
-    }
-    return result;
-}
-
-}  // namespace
-
-TEST_CASE(
-    "[G3] a latency cut that leaves the hold as long as it was, and only queues the calls in front of the gate, is "
-    "undone (rule 4c)",
-    "[G3][adaptive]") {
-    SECTION("a neighbour makes every call five times slower, however many the gate lets in") {
-        // 2 calls per ms, about 2.2 in flight while the database is quiet;
-        // under the neighbour each takes five times as long, so the same
-        // arrivals need about 11 permits. A latency cut below that does not
-        // make a call any shorter: it makes the calls queue for a permit.
-        open_loop loop(2.0, 0.05);
-        limit_controller controller(adaptive_options{}, 32);
-        (void)run_open(controller, loop, 20);
-        loop.slow_down(5.0);
-        loop.reset();
-        const open_run slow = run_open(controller, loop, 60);
-        INFO("under the neighbour: limit median "
-             << median(slow.limits) << ", lowest " << *std::min_element(slow.limits.begin(), slow.limits.end())
-             << "; latency cuts " << slow.latency << ", undone " << slow.no_relief << "; in the gate "
-             << loop.mean_in_gate_ms() << " ms, holding " << loop.mean_hold_ms() << " ms; gave up " << loop.gave_up());
-        CHECK(slow.no_relief >= 1);
-        CHECK(median(slow.limits) >= 16);
-        // Without rule 4c the limit sat at 4-5 (median 5): 61 % of the
-        // arrivals gave up waiting, and the calls spent 55 ms in the gate
-        // to hold a permit for 6. Here only the second or so before the
-        // verdict queues.
-        CHECK(loop.gave_up() <= 0.05);
-        CHECK(loop.mean_in_gate_ms() <= 1.5 * loop.mean_hold_ms());
-    }
-    SECTION("the gate's own calls are the congestion: a cut shortens the hold, and it stays") {
-        // Each call in flight lengthens every other by half what one costs
-        // alone: 1 call per ms needs 2 in flight, holding 2 ms; at 1.8 per
-        // ms the database cannot keep up at any concurrency, and past 8 in
-        // flight every call queues inside it.
-        open_loop loop(1.0, 0.5);
-        limit_controller controller(adaptive_options{}, 64);
-        (void)run_open(controller, loop, 20);
-        loop.arrive(1.8);
-        loop.reset();
-        const open_run overloaded = run_open(controller, loop, 60);
-        INFO("overloaded: limit median " << median(overloaded.limits) << ", highest "
-                                         << *std::max_element(overloaded.limits.begin(), overloaded.limits.end())
-                                         << "; latency cuts " << overloaded.latency << ", undone "
-                                         << overloaded.no_relief << "; holding " << loop.mean_hold_ms()
-                                         << " ms; gave up " << loop.gave_up());
-        CHECK(overloaded.no_relief == 0);
-        CHECK(loop.mean_hold_ms() <= 8.0);
-    }
 }
 
 TEST_CASE("[G6] the adaptive limit never exceeds the ceiling nor falls below the floor, whatever it is fed",
