@@ -140,23 +140,30 @@ void progress(const std::string& text) { std::fprintf(stderr, "neighbour: %s\n",
 
 /// The neighbour's table and script. Refuses, before any arm runs, a
 /// neighbour whose clients and the B = 64 arm's connections would not fit
-/// in the server's max_connections (less its reserved ones): pgbench would
+/// in the server's max_connections (less its reserved ones and those other
+/// clients hold): pgbench would
 /// fail minutes into the run.
 std::string prepare_neighbour(const std::string& conninfo, const std::string& prefix, int clients) {
     pqxx::connection connection(conninfo);
     {
         pqxx::nontransaction tx(connection);
+        // PostgreSQL 16 adds reserved_connections; current_setting(.., true)
+        // is NULL where it does not exist. The connections of other clients
+        // count too.
         const int allowed = tx.exec(
-                                  "SELECT current_setting('max_connections')::int - "
-                                  "current_setting('superuser_reserved_connections')::int")[0][0]
+                                  "SELECT current_setting('max_connections')::int"
+                                  " - current_setting('superuser_reserved_connections')::int"
+                                  " - coalesce(current_setting('reserved_connections', true)::int, 0)"
+                                  " - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
+                                  " AND pid <> pg_backend_pid())::int")[0][0]
                                 .as<int>();
-        const int needed = clients + too_high + 2;  // pgbench's, the arm's pool, this one and the probe's
+        const int needed = clients + too_high + 2;  // pgbench's and the B = 64 arm's pool, and a margin of 2
         if (needed > allowed) {
             throw std::invalid_argument("--neighbour-clients " + std::to_string(clients) +
                                         ": pgbench's clients and "
                                         "the B = 64 arm's connections need " +
                                         std::to_string(needed) + ", and the server takes " + std::to_string(allowed) +
-                                        " (max_connections less the reserved ones)");
+                                        " (max_connections less the reserved ones and those in use)");
         }
     }
     {
