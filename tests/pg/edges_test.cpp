@@ -354,6 +354,29 @@ TEST_CASE("[E7] with a deadline the call ends within deadline + slack when the s
         CHECK(pool.size() == 0);  // discarded
         CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return value_of(tx, "SELECT 7"); }) == "7");
     }
+    SECTION("the backend is frozen during COMMIT: the outcome is unknown, and the message names the watchdog") {
+        // The callback wrote and returned; its backend freezes before the
+        // COMMIT arrives. The watchdog cuts the connection at deadline +
+        // slack, and the transaction is still open on the frozen backend, so
+        // its outcome cannot be read: libpq then says the server closed the
+        // connection, which it did not.
+        scratch_table table("bulkhead_e7_commit", "id int");
+        bulkhead::pqxx_pool pool(options);
+        gate_t gate(pool, 1, 0);
+        std::optional<frozen_backend> frozen;
+        const auto start = clock_type::now();
+        const std::string message = message_of<bulkhead::commit_unknown>([&] {
+            gate.transaction({.deadline = start + 500ms}, [&](pqxx::dbtransaction& tx) {
+                exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
+                frozen.emplace(tx.conn().backendpid());
+            });
+        });
+        CHECK(clock_type::now() - start < 500ms + 250ms + 400ms);
+        CHECK_THAT(message, Catch::Matchers::ContainsSubstring("the pool's watchdog shut it down"));
+        frozen.reset();
+        CHECK(pool.in_use() == 0);
+        CHECK(pool.size() == 0);  // discarded
+    }
     SECTION("the network stops forwarding mid-statement") {
         tcp_proxy proxy = proxy_to_server();
         auto proxied = proxied_options(proxy, "bulkhead-e7-silent");

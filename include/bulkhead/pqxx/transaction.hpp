@@ -365,7 +365,14 @@ inline void transaction_control::on_commit(gate_transaction& /*tx*/) {
 inline void transaction_control::settle_lost_commit(const std::exception& cause) {
     in_doubt = true;
     close_session();  // the session is gone, and the transaction with it
-    const std::string lost = std::string("bulkhead: the connection was lost during COMMIT: ") + one_line(cause.what());
+    // After the watchdog's cut libpq says the server closed the connection:
+    // name who did.
+    const bool cut = owner != nullptr && owner->cut_by_watchdog.load(std::memory_order_acquire);
+    const std::string lost =
+        std::string("bulkhead: the connection was lost during COMMIT: ") +
+        (cut ? "the pool's watchdog shut it down, the call's deadline and its slack having passed (libpq: " +
+                   one_line(cause.what()) + ")"
+             : one_line(cause.what()));
     if (read_only) {
         throw pqxx::broken_connection(lost + " (a read-only transaction: nothing was written)");
     }
