@@ -141,8 +141,7 @@ void progress(const std::string& text) { std::fprintf(stderr, "neighbour: %s\n",
 /// The neighbour's table and script. Refuses, before any arm runs, a
 /// neighbour whose clients and the B = 64 arm's connections would not fit
 /// in the server's max_connections (less its reserved ones and those other
-/// clients hold): pgbench would
-/// fail minutes into the run.
+/// clients hold): pgbench would fail minutes into the run.
 std::string prepare_neighbour(const std::string& conninfo, const std::string& prefix, int clients) {
     pqxx::connection connection(conninfo);
     {

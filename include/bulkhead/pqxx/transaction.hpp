@@ -367,7 +367,7 @@ inline void transaction_control::settle_lost_commit(const std::exception& cause)
     close_session();  // the session is gone, and the transaction with it
     // After the watchdog's cut libpq says the server closed the connection:
     // name who did.
-    const bool cut = owner != nullptr && owner->cut_by_watchdog.load(std::memory_order_acquire);
+    const bool cut = cut_by_watchdog();
     const std::string lost =
         std::string("bulkhead: the connection was lost during COMMIT: ") +
         (cut ? "the pool's watchdog shut it down, the call's deadline and its slack having passed (libpq: " +
