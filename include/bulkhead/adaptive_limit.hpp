@@ -231,7 +231,8 @@ class limit_controller {
 public:
     /// \throws std::invalid_argument naming the setting that is out of
     ///         range (floor, interval, tolerance, headroom, error_rate,
-    ///         min_samples) or a ceiling below 1.
+    ///         min_samples, throughput_tolerance, queue_allowance) or a
+    ///         ceiling below 1.
     limit_controller(const adaptive_options& options, int ceiling)
         : m_options(checked(options, ceiling)), m_ceiling(ceiling), m_limit(m_options.floor) {}
 

@@ -33,7 +33,9 @@
 // (bulkhead::is_rejection(ec) is true, ec == reject_reason::admission_full
 // compares); a failure of started work is a work_error (work_cancelled,
 // work_deadline_exceeded, commit_unknown, work_failed), and the overload
-// with a `std::exception_ptr&` receives the exception behind it. With
+// with a `std::exception_ptr&` receives the exception behind it: for a
+// rejection the `rejected` transaction() would throw, with its retry
+// delay. With
 // use_awaitable an error is thrown as std::system_error, whose what() names
 // the reason; as_tuple(use_awaitable) is the non-throwing form. T must be
 // default-constructible: an error completes with T{}.
@@ -187,6 +189,15 @@ struct async_access {
     static reject_reason refuse_unreachable_deadline(Gate& gate, const limit_t<Gate>& limit) noexcept {
         return gate.refuse_unreachable_deadline(limit);
     }
+    /// The retry delay a rejection of a call of `workload` (-1: none) carries.
+    template <class Gate>
+    static std::chrono::milliseconds retry_delay(const Gate& gate, int workload) noexcept {
+        return gate.retry_delay(workload);
+    }
+    template <class Gate>
+    static int class_of(const Gate& gate, const typename Gate::options& call) noexcept {
+        return gate.class_of(call);
+    }
     template <class Gate>
     static void record_permit_wait(Gate& gate, const times_t<Gate>& times, const limit_t<Gate>& limit) noexcept {
         gate.record_permit_wait(limit, times.permitted - times.admitted);
@@ -217,11 +228,18 @@ template <class Handler, class... Args>
 struct bound_completion {
     Handler handler;
     std::tuple<Args...> args;
+    std::exception_ptr* failure_out = nullptr;  // handed `failure` just before the handler runs
+    std::exception_ptr failure;
 
     using allocator_type = asio::associated_allocator_t<Handler>;
     [[nodiscard]] allocator_type get_allocator() const noexcept { return asio::get_associated_allocator(handler); }
 
-    void operator()() { std::apply(std::move(handler), std::move(args)); }
+    void operator()() {
+        if (failure_out != nullptr) {
+            *failure_out = std::move(failure);
+        }
+        std::apply(std::move(handler), std::move(args));
+    }
 };
 
 /// One asynchronous call in flight: its queue node, its job for a work
@@ -244,7 +262,12 @@ public:
     static void start(Gate& gate, const options& call, Work&& work, std::exception_ptr* failure, Handler&& handler) {
         auto limit = async_access::take_slot(gate, call);
         if (!limit) {
-            post_rejection(std::move(handler), make_error_code(limit.error()));
+            std::exception_ptr rejection;
+            if (failure != nullptr) {
+                rejection =
+                    make_rejection(limit.error(), async_access::retry_delay(gate, async_access::class_of(gate, call)));
+            }
+            post_rejection(std::move(handler), make_error_code(limit.error()), failure, std::move(rejection));
             return;
         }
         times_type times;
@@ -358,13 +381,17 @@ private:
         }
     }
 
-    static void post_rejection(Handler&& handler, std::error_code code) {
+    /// Posts a rejection at admission; `failure_out`, when the caller asked
+    /// for the exception, receives `rejection` on the handler's executor.
+    static void post_rejection(Handler&& handler, std::error_code code, std::exception_ptr* failure_out,
+                               std::exception_ptr rejection) {
         auto executor = asio::get_associated_executor(handler);
         if constexpr (std::is_void_v<value_type>) {
-            asio::post(executor, bound_completion<Handler, std::error_code>{std::move(handler), {code}});
+            asio::post(executor, bound_completion<Handler, std::error_code>{
+                                     std::move(handler), {code}, failure_out, std::move(rejection)});
         } else {
-            asio::post(executor, bound_completion<Handler, std::error_code, value_type>{std::move(handler),
-                                                                                        {code, value_type{}}});
+            asio::post(executor, bound_completion<Handler, std::error_code, value_type>{
+                                     std::move(handler), {code, value_type{}}, failure_out, std::move(rejection)});
         }
     }
 
@@ -393,7 +420,7 @@ private:
         }
         if (async_access::deadline_unreachable(m_gate, m_call, m_limit)) {
             // It would wait only to fail: refused now, no wait recorded.
-            m_code = make_error_code(async_access::refuse_unreachable_deadline(m_gate, m_limit));
+            refuse(async_access::refuse_unreachable_deadline(m_gate, m_limit));
             post_completion();
             return;
         }
@@ -475,8 +502,18 @@ private:
         cancel_timer();
         m_times.permitted = Gate::clock::now();
         async_access::record_permit_wait(m_gate, m_times, m_limit);
-        m_code = make_error_code(async_access::refuse_after_slot(m_gate, why, m_limit));
+        refuse(async_access::refuse_after_slot(m_gate, why, m_limit));
         post_completion();
+    }
+
+    /// The call ends refused before its work started: the reason as the
+    /// error code and, for a caller that asked for the exception, the
+    /// rejection with its retry delay, as transaction() would throw it.
+    void refuse(reject_reason reason) noexcept {
+        m_code = make_error_code(reason);
+        if (m_failure_out != nullptr) {
+            m_failure = make_rejection(reason, async_access::retry_delay(m_gate, m_limit.workload));
+        }
     }
 
     /// Posts the completion from whatever thread ended the call (a work
@@ -524,6 +561,7 @@ private:
                 fail(work_error::work_failed);  // from the callback itself: not the gate's rejection
             } else {
                 m_code = make_error_code(rejection.reason());
+                m_failure = std::current_exception();  // thrown with its retry delay
             }
         } catch (const work_cancelled&) {
             fail(work_error::work_cancelled);

@@ -834,8 +834,10 @@ public:
     }
 
     /// As above; when the call completes with a work_error, `failure` holds
-    /// the exception behind it (the callback's own, the database's). It must
-    /// stay valid until the completion runs.
+    /// the exception behind it (the callback's own, the database's), and
+    /// when it completes with a rejection, the `rejected` that transaction()
+    /// would have thrown, with its retry_after() (G9). It must stay valid
+    /// until the completion runs.
     template <class Work, class Token>
     auto async_transaction(const options& call, Work&& work, std::exception_ptr& failure, Token&& token) {
         return detail::async_frontend<std::decay_t<Token>>::initiate(*this, call, std::forward<Work>(work), &failure,
@@ -893,7 +895,7 @@ public:
     /// How long a call arriving now would wait for its execution permit, by
     /// the gate's own figures: zero when a permit is free or nothing is
     /// known yet (no transaction has finished); otherwise
-    /// (waiting() + 1) x mean permit hold / B. A mean, not a bound: it
+    /// (waiting() + 1) x mean permit hold / limit(). A mean, not a bound: it
     /// assumes the calls ahead hold their permits as long as recent ones did.
     [[nodiscard]] std::chrono::nanoseconds expected_queue_wait() const noexcept {
         return available() > 0 ? std::chrono::nanoseconds(0) : queue_wait_estimate(-1);
@@ -918,12 +920,14 @@ public:
     }
 
     /// A delay after which a call turned away now may be admitted: the work
-    /// inside the gate and one more call, spread over its B permits,
-    /// (running + waiting() + 1) x mean permit hold / B, in whole
+    /// inside the gate and one more call, spread over the permits in
+    /// circulation (B, or an adaptive gate's limit() now),
+    /// (running + waiting() + 1) x mean permit hold / limit(), in whole
     /// milliseconds rounded up, at least 1 ms. Zero when nothing is known
     /// yet (no transaction has finished). Every rejection thrown by
-    /// transaction() carries it (rejected::retry_after()); asynchronous
-    /// callers and try_transaction() callers read it here.
+    /// transaction() or enter() carries it (rejected::retry_after()), and so
+    /// does the one async_transaction() hands a caller that asks for the
+    /// exception; try_transaction() and try_enter() callers read it here.
     [[nodiscard]] std::chrono::milliseconds suggested_retry_delay() const noexcept { return retry_delay(-1); }
 
     /// The same for a call of class `workload`: its class's running and
@@ -1356,6 +1360,13 @@ private:
                 m_metrics.completed();
                 return value;
             }
+        } catch (rejected& rejection) {
+            if (!began) {
+                // The pool's own rejection before anything began (BEGIN saw the deadline pass).
+                detail::suggest_retry(rejection, retry_delay(class_of(call)));
+            }
+            count_failure(began, class_of(call));
+            throw;
         } catch (...) {
             count_failure(began, class_of(call));
             throw;
@@ -1549,15 +1560,17 @@ private:
             } else {
                 return m_pool->acquire(deadline);
             }
-        } catch (const pool_timeout&) {
+        } catch (pool_timeout& timeout) {
             if (deadline != clock::time_point::max() && clock::now() >= deadline) {
                 throw_refusal(reject_reason::deadline_exceeded, call);
             }
             count_rejection(reject_reason::pool_timeout, class_of(call));
             m_core.overloaded(overload_kind::timeout, class_of(call));
+            detail::suggest_retry(timeout, retry_delay(class_of(call)));
             throw;
-        } catch (const rejected& rejection) {
+        } catch (rejected& rejection) {
             count_rejection(rejection.reason(), class_of(call));
+            detail::suggest_retry(rejection, retry_delay(class_of(call)));
             throw;
         } catch (...) {
             m_metrics.failed();  // the pool failed otherwise: still one counted outcome

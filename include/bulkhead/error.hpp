@@ -22,6 +22,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -57,6 +58,15 @@ enum class reject_reason : std::uint8_t {
     return "unknown";
 }
 
+class rejected;
+
+namespace detail {
+/// Gives a rejection made outside the gate (a pool's connection timeout,
+/// a stop while waiting for a connection, a deadline seen by BEGIN) the
+/// gate's retry delay, unless it carries one of its own.
+inline void suggest_retry(rejected& rejection, std::chrono::milliseconds retry_after) noexcept;
+}  // namespace detail
+
 /// The work never started: nothing reached the database, retrying later is
 /// safe. Catch this to treat every kind of rejection alike.
 class rejected : public std::runtime_error {
@@ -84,9 +94,17 @@ public:
     [[nodiscard]] std::chrono::milliseconds retry_after() const noexcept { return m_retry_after; }
 
 private:
+    friend void detail::suggest_retry(rejected& rejection, std::chrono::milliseconds retry_after) noexcept;
+
     reject_reason m_reason;
     std::chrono::milliseconds m_retry_after{0};
 };
+
+inline void detail::suggest_retry(rejected& rejection, std::chrono::milliseconds retry_after) noexcept {
+    if (rejection.m_retry_after.count() == 0) {
+        rejection.m_retry_after = retry_after;
+    }
+}
 
 /// Every admission slot (B + Q) was taken; the call was refused at once,
 /// whatever its queue wait.
@@ -172,6 +190,19 @@ public:
             throw deadline_exceeded(retry_after);
     }
     throw rejected(reason, "db admission rejected", retry_after);
+}
+
+/// The exception throw_rejection() would throw, as an exception_ptr (what
+/// async_transaction() hands a caller that asked for the exception). It
+/// costs what a thrown rejection costs; std::bad_alloc instead when its
+/// message cannot be stored.
+[[nodiscard]] inline std::exception_ptr make_rejection(
+    reject_reason reason, std::chrono::milliseconds retry_after = std::chrono::milliseconds(0)) noexcept {
+    try {
+        throw_rejection(reason, retry_after);
+    } catch (...) {
+        return std::current_exception();
+    }
 }
 
 // ---------------------------------------------------------------------------

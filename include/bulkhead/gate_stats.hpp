@@ -113,10 +113,11 @@ struct gate_stats {
     /// than the expected queue wait plus this). Zero before the first commit.
     std::chrono::nanoseconds mean_committed_hold{0};
     /// How long a call arriving now would wait for its permit:
-    /// (queued + 1) x mean_permit_hold / B when no permit is free, else zero.
+    /// (queued + 1) x mean_permit_hold / limit when no permit is free, else
+    /// zero (limit: B, or an adaptive gate's limit now).
     std::chrono::nanoseconds expected_queue_wait{0};
     /// The retry delay a rejection now would carry (rejected::retry_after()):
-    /// (running + queued + 1) x mean_permit_hold / B in whole milliseconds,
+    /// (running + queued + 1) x mean_permit_hold / limit in whole milliseconds,
     /// rounded up, at least 1 ms; zero before the first transaction finished.
     std::chrono::milliseconds suggested_retry_delay{0};
 

@@ -381,15 +381,23 @@ public:
     /// 53200 out of memory, 53100 disk full) is `saturated`; 57014 (a
     /// statement timeout or cancel) and 55P03 (a lock timeout) are
     /// `timeout`; 40001 and 40P01 (serialization failure, deadlock) are
-    /// `conflict`; anything else, `none`. A server that refuses new
-    /// connections (53300 at connect) shows as pool_timeout rejections,
-    /// which the gate counts as timeouts itself.
+    /// `conflict`; anything else, `none`. libpqxx throws 53300 as
+    /// pqxx::too_many_connections, a broken_connection without a SQLSTATE:
+    /// `saturated` too; and libpqxx 6 throws 40001 and 40P01 as
+    /// serialization_failure and deadlock_detected, which are not
+    /// sql_errors there (they are in libpqxx 7): known by their types. A server that refuses new connections (53300 at
+    /// connect) shows as pool_timeout rejections, which the gate counts as
+    /// timeouts itself.
     [[nodiscard]] overload_kind classify_overload(const std::exception_ptr& failure) const noexcept {
         if (!failure) {
             return overload_kind::none;
         }
         try {
             std::rethrow_exception(failure);
+        } catch (const pqxx::serialization_failure&) {
+            return overload_kind::conflict;
+        } catch (const pqxx::deadlock_detected&) {
+            return overload_kind::conflict;
         } catch (const pqxx::sql_error& error) {
             const auto& state = error.sqlstate();
             if (state.size() == 5 && state.compare(0, 2, "53") == 0) {
@@ -401,6 +409,8 @@ public:
             if (state == "40001" || state == "40P01") {
                 return overload_kind::conflict;
             }
+        } catch (const pqxx::too_many_connections&) {
+            return overload_kind::saturated;
         } catch (...) {
             return overload_kind::none;
         }

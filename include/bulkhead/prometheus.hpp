@@ -266,6 +266,18 @@ private:
         workload_family(out, "bulkhead_workload_limit_changes_total", "counter",
                         "Changes of a workload class's adaptive limit.",
                         [](const workload_stats& w) { return w.limit_changes; });
+        header(out, "bulkhead_workload_limit_reason", "gauge",
+               "Why a workload class's adaptive limit last changed: 1 for that reason.");
+        for (const auto& [gate, stats] : m_gates) {
+            for (const workload_stats& one : stats.workloads) {
+                for (std::size_t i = 0; i < limit_reason_count; ++i) {
+                    const auto reason = static_cast<limit_reason>(i);
+                    labelled_sample(out, "bulkhead_workload_limit_reason",
+                                    {{"gate", gate}, {"workload", one.name}, {"reason", to_string(reason)}},
+                                    std::uint64_t{one.limit_reason == reason ? 1U : 0U});
+                }
+            }
+        }
         workload_family(out, "bulkhead_workload_mean_permit_hold_seconds", "gauge",
                         "Running mean of how long a call of a workload class holds its execution permit.",
                         [&](const workload_stats& w) { return seconds(w.mean_permit_hold); });

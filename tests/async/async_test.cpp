@@ -38,6 +38,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -366,6 +367,90 @@ TEST_CASE(
         CHECK(gate.stats().deadline_rejected_early == 0);
     }
     CHECK(gate.available_slots() == 3);
+}
+
+TEST_CASE(
+    "[G9] a coroutine's rejection carries the retry delay a thrown one would: the failure overload receives the "
+    "rejected exception",
+    "[unit][async][G9]") {
+    fake_pool pool;
+    gate_t gate(pool, 1, 1);
+    // One finished transaction: the mean permit hold starts there.
+    gate.transaction(0ms, [](fake_pool::work&) { std::this_thread::sleep_for(20ms); });
+    bulkhead_test::blocker<gate_t> busy(gate);
+    auto work = [](fake_pool::work&) { return 1; };
+    using rejection_figures = std::pair<reject_reason, std::chrono::milliseconds>;
+    const auto rejection_of = [](const std::exception_ptr& failure) -> rejection_figures {
+        try {
+            std::rethrow_exception(failure);
+        } catch (const bulkhead::rejected& rejection) {
+            return {rejection.reason(), rejection.retry_after()};
+        }
+    };
+    // One call that must be refused with `reason`: what its `failure` got
+    // (filled beforehand, to show that the rejection replaces it).
+    const auto refused = [&](const gate_t::options& call, reject_reason reason) {
+        outcome out;
+        std::exception_ptr failure = std::make_exception_ptr(std::runtime_error("stale"));
+        gate.async_transaction(call, work, failure, out.handler());
+        bulkhead_test::await([&] { return out.finished(); });
+        CHECK(out.code == reason);
+        REQUIRE(failure);
+        CHECK(rejection_of(failure).first == reason);
+        return failure;
+    };
+    SECTION("refused at the slot (B + Q taken): at once") {
+        outcome waiting;
+        gate.async_transaction({.queue_wait = 10s}, work, waiting.handler());  // the last slot
+        bulkhead_test::await([&] { return gate.waiting() == 1; });
+        const std::exception_ptr failure = refused({.queue_wait = 10s}, reject_reason::admission_full);
+        CHECK_THROWS_AS(std::rethrow_exception(failure), bulkhead::admission_full);
+        CHECK(rejection_of(failure).second >= 20ms * 3);  // 1 running, 1 queued and this one, on one permit
+        CHECK(rejection_of(failure).second == gate.suggested_retry_delay());
+        busy.go();
+        bulkhead_test::await([&] { return waiting.finished(); });
+        CHECK(waiting.code == std::error_code());
+        CHECK(gate.available_slots() == 2);
+    }
+    SECTION("refused after its queue wait: the delay of the moment it left") {
+        const std::exception_ptr failure = refused({.queue_wait = 1ms}, reject_reason::admission_timeout);
+        CHECK(rejection_of(failure).second >= 20ms * 2);  // 1 running and one more
+        CHECK(rejection_of(failure).second == gate.suggested_retry_delay());
+        CHECK(gate.available_slots() == 1);  // the blocker's own
+    }
+    SECTION("refused for a deadline it could not meet: at once") {
+        const std::exception_ptr failure = refused(
+            {.queue_wait = 10s, .deadline = std::chrono::steady_clock::now() + 5ms}, reject_reason::deadline_exceeded);
+        CHECK_THROWS_AS(std::rethrow_exception(failure), bulkhead::deadline_exceeded);
+        CHECK(rejection_of(failure).second == gate.suggested_retry_delay());
+        CHECK(gate.available_slots() == 1);  // the blocker's own
+    }
+    SECTION("refused by the pool (no connection in time): the pool's rejection with the gate's delay") {
+        busy.go();
+        pool.fail_acquire = true;
+        const std::exception_ptr failure = refused({}, reject_reason::pool_timeout);
+        CHECK_THROWS_WITH(std::rethrow_exception(failure), "fake_pool: no connection");  // the pool's message
+        // Stamped while the call held its permit: (1 running + 1) x the mean,
+        // which the blocker's short hold has just pulled a little below 20 ms.
+        CHECK(rejection_of(failure).second >= 30ms);
+    }
+    SECTION("a call that commits leaves `failure` empty") {
+        busy.go();
+        outcome out;
+        std::exception_ptr failure = std::make_exception_ptr(std::runtime_error("stale"));
+        gate.async_transaction({}, work, failure, out.handler());
+        bulkhead_test::await([&] { return out.finished(); });
+        CHECK(out.code == std::error_code());
+        CHECK_FALSE(failure);
+    }
+    SECTION("without the overload, the same delay is the gate's to read") {
+        outcome out;
+        gate.async_transaction({.queue_wait = 0ms}, work, out.handler());
+        bulkhead_test::await([&] { return out.finished(); });
+        CHECK(out.code == reject_reason::admission_timeout);
+        CHECK(gate.suggested_retry_delay() >= 20ms * 2);
+        CHECK(gate.available_slots() == 1);  // the blocker's own
+    }
 }
 
 TEST_CASE("[F5] losing interest in the result (a destroyed future, a stopped event loop) never frees permits early",

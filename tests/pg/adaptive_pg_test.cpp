@@ -21,6 +21,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,7 +47,7 @@ public:
                             // Pacing a refused caller, as a client's back-off: orders nothing.
                             std::this_thread::sleep_for(2ms);
                         }
-                    } catch (const pqxx::sql_error&) {
+                    } catch (const pqxx::failure&) {  // sql_error, and 53300's too_many_connections
                         m_failed.fetch_add(1);
                     }
                 }
@@ -174,4 +175,108 @@ TEST_CASE("[G4] an adaptive gate's limit rises back within 5 s of the database's
     // once more, so that G4 has a test named after it.
     slow_down_and_recover("bulkhead-g4", "SELECT count(*) FROM bulkhead_adaptive, pg_sleep(0.002)",
                           bulkhead::limit_reason::stalled);
+}
+
+namespace {
+
+/// A statement that fails on the server with `sqlstate`, and what an
+/// adaptive gate must conclude from its failures.
+struct server_error {
+    std::string sqlstate;
+    std::string statement;
+    bool cuts = false;                                                // the limit must fall, for `reason`
+    bulkhead::limit_reason reason = bulkhead::limit_reason::initial;  // (when it cuts)
+};
+
+/// A statement that raises `sqlstate` from PL/pgSQL: for the states a test
+/// server cannot be driven into on demand (out of memory, too many
+/// connections on a connection already open, a deadlock's victim); libpq
+/// and libpqxx see them as they would the real thing.
+std::string raise_statement(const std::string& sqlstate) {
+    return "DO $$BEGIN RAISE EXCEPTION 'bulkhead test: " + sqlstate + "' USING ERRCODE = '" + sqlstate + "'; END$$";
+}
+
+/// The SQLSTATE the statement fails with, run once through `gate`. libpqxx
+/// throws 53300 as too_many_connections, and libpqxx 6 throws 40001 and
+/// 40P01 as serialization_failure and deadlock_detected: none of them a
+/// sql_error with a sqlstate() there.
+std::string failing_sqlstate(bulkhead::db_bulkhead<bulkhead::pqxx_pool>& gate, const std::string& statement) {
+    try {
+        return sqlstate_of([&] {
+            gate.transaction(bulkhead::db_bulkhead<bulkhead::pqxx_pool>::options{},
+                             [&](pqxx::dbtransaction& tx) { (void)tx.exec(statement); });
+        });
+    } catch (const pqxx::too_many_connections&) {
+        return "53300";
+    } catch (const pqxx::serialization_failure&) {
+        return "40001";
+    } catch (const pqxx::deadlock_detected&) {
+        return "40P01";
+    }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "[G3] the server's overload errors lower an adaptive gate's limit within 2 s: class 53 halves it (saturated), "
+    "57014, 55P03, 40001 and 40P01 cut it (errors), other errors leave it",
+    "[pg][G3][adaptive]") {
+    const server_error error =
+        GENERATE(server_error{"53300", raise_statement("53300"), true, bulkhead::limit_reason::saturated},
+                 server_error{"53200", raise_statement("53200"), true, bulkhead::limit_reason::saturated},
+                 // A real statement timeout, and a real lock refused (the row is
+                 // locked from outside below).
+                 server_error{"57014", "SET LOCAL statement_timeout = '1ms'; SELECT pg_sleep(0.05)", true,
+                              bulkhead::limit_reason::errors},
+                 server_error{"55P03", "SELECT id FROM bulkhead_adaptive WHERE id = 1 FOR UPDATE NOWAIT", true,
+                              bulkhead::limit_reason::errors},
+                 server_error{"40001", raise_statement("40001"), true, bulkhead::limit_reason::errors},
+                 server_error{"40P01", raise_statement("40P01"), true, bulkhead::limit_reason::errors},
+                 // The callers' own mistake says nothing of the server's load.
+                 server_error{"22012", "SELECT 1 / 0", false, bulkhead::limit_reason::initial});
+    INFO("SQLSTATE " << error.sqlstate << ": " << error.statement);
+
+    auto monitor = outside_connection();
+    prepare_table(monitor);
+    const std::string name = "bulkhead-g3-" + error.sqlstate;
+    bulkhead::pqxx_pool pool(pool_options(name, adaptive_permits));
+    bulkhead::db_bulkhead<bulkhead::pqxx_pool> gate(pool, adaptive_permits, 32, bulkhead::adaptive_options{.floor = 1});
+    auto quiet_load = std::make_unique<offered_load>(gate, "SELECT count(*) FROM bulkhead_adaptive, pg_sleep(0.002)");
+    // The error rules need no baseline: a limit that the slow start has
+    // taken past the floor has room to fall.
+    REQUIRE(until(gate, 10s, [](int limit) { return limit >= 2; }) <= 10s);
+    quiet_load.reset();
+    const int quiet = gate.limit();
+    INFO("quiet limit " << quiet);
+    REQUIRE(quiet >= 2);  // room to fall
+
+    auto locker = outside_connection();
+    pqxx::work row_lock(locker);
+    (void)row_lock.exec("SELECT id FROM bulkhead_adaptive WHERE id = 1 FOR UPDATE");
+    // The statement fails as named, on this server and library version:
+    // otherwise the rest would test another SQLSTATE.
+    REQUIRE(failing_sqlstate(gate, error.statement) == error.sqlstate);
+
+    offered_load failing(gate, error.statement);
+    const auto fell = until(gate, 2s, [&](int limit) {
+        const bulkhead::limit_reason why = gate.stats().limit_reason;
+        return limit < quiet && (why == bulkhead::limit_reason::saturated || why == bulkhead::limit_reason::errors);
+    });
+    const bulkhead::gate_stats stats = gate.stats();
+    failing.stop();
+    row_lock.abort();
+    std::printf("adaptive: SQLSTATE %s: quiet limit %d; failing: limit %d (%s) after %lld ms, %ld failed calls\n",
+                error.sqlstate.c_str(), quiet, stats.limit,
+                std::string(bulkhead::to_string(stats.limit_reason)).c_str(), static_cast<long long>(fell.count()),
+                failing.failed());
+    CHECK(failing.failed() > 0);
+    if (error.cuts) {
+        CHECK(fell <= 2s);  // G3
+        CHECK(stats.limit_reason == error.reason);
+        CHECK(stats.limit < quiet);
+    } else {
+        // Two seconds of nothing but failures: none of them counts as
+        // the server's overload.
+        CHECK(fell > 2s);
+    }
 }

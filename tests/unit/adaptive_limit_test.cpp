@@ -10,6 +10,7 @@
 
 #include <bulkhead/adaptive_limit.hpp>
 #include <bulkhead/bulkhead.hpp>
+#include <bulkhead/prometheus.hpp>
 
 #include "catch.hpp"
 
@@ -908,6 +909,17 @@ TEST_CASE("[G7] a class whose ceiling adapts falls and rises with its own calls,
     CHECK(stats.workloads[1].limit >= 1);
     CHECK(stats.workloads[1].limit_changes >= 2);
     CHECK(stats.workloads[0].limit == concurrent);  // interactive's ceiling is fixed (0 means B)
+    // The exposition says why each class's limit last changed.
+    bulkhead::prometheus_exposition metrics;
+    metrics.add("g", stats);
+    const std::string text = metrics.render();
+    CHECK_THAT(text, Catch::Matchers::ContainsSubstring(
+                         "bulkhead_workload_limit_reason{gate=\"g\",workload=\"batch\",reason=\"" +
+                         std::string(bulkhead::to_string(stats.workloads[1].limit_reason)) + "\"} 1\n"));
+    CHECK_THAT(text, Catch::Matchers::ContainsSubstring(
+                         "bulkhead_workload_limit_reason{gate=\"g\",workload=\"interactive\",reason=\"initial\"} 1\n"));
+    CHECK_THAT(text, Catch::Matchers::ContainsSubstring(
+                         "bulkhead_workload_limit_reason{gate=\"g\",workload=\"batch\",reason=\"initial\"} 0\n"));
     // Every permit and slot came back; interactive still has its reservation.
     CHECK(stats.running == 0);
     CHECK(stats.queued == 0);

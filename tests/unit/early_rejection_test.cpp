@@ -183,6 +183,18 @@ TEST_CASE("[G9] a rejection carries a retry delay derived from the gate's own fi
         busy.go();
         queued.get();
     }
+    SECTION("a rejection made by the pool (no connection in time) carries the gate's delay, and its own message") {
+        teach_hold(gate, 40ms);
+        pool.fail_acquire = true;
+        try {
+            gate.transaction(0ms, [](fake_pool::work&) {});
+            FAIL("the pool's failure was lost");
+        } catch (const bulkhead::pool_timeout& rejection) {
+            CHECK(std::string(rejection.what()) == "fake_pool: no connection");
+            // Made while the call held its permit: (1 running + 1) x the mean.
+            CHECK(rejection.retry_after() >= 80ms);
+        }
+    }
     SECTION("a short hold suggests at least 1 ms") {
         gate.transaction(0ms, [](fake_pool::work&) {});
         CHECK(gate.stats().mean_permit_hold > 0ns);
