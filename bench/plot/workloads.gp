@@ -1,4 +1,4 @@
-# bench/plot/workloads.gp: interactive p99 latency and refusals while a batch load saturates the gate, one shared
+# bench/plot/workloads.gp: interactive p99 wait (until the work began) and refusals while a batch load saturates the gate, one shared
 # gate against workload classes (docs/workloads.md).
 #   gnuplot -e "data='bench/results/workloads-STAMP.csv'; out='docs/figures/workloads.png'" bench/plot/workloads.gp
 # (scripts/bench-workloads runs it.)
@@ -19,9 +19,9 @@ set xtics (8, 16, 32)
 set xlabel "batch callers (closed loop, pg_sleep per transaction)"
 set logscale y 10
 set yrange [0.1:1000]
-set ylabel "interactive p99 latency, served calls (ms, log scale)"
-plot data using "batch_callers":"p99_ms" every 2::0 with linespoints ls 1 title "one shared gate", \
-     data using "batch_callers":"p99_ms" every 2::1 with linespoints ls 2 title "classes: interactive reserves 2"
+set ylabel "interactive p99 wait for the work to begin (ms, log)"
+plot data using "batch_callers":"wait_p99_ms" every 2::0 with linespoints ls 1 title "one shared gate", \
+     data using "batch_callers":"wait_p99_ms" every 2::1 with linespoints ls 2 title "classes: interactive reserves 2"
 unset logscale y
 set yrange [-5:105]
 set key center left
