@@ -76,7 +76,9 @@ concept pool_names_its_types = requires {
 /// `pool.acquire(deadline)` returns a lease, waiting at most the pool's own
 /// connection timeout and never past `deadline` (a steady_clock time point;
 /// time_point::max() means "no deadline"). On expiry it throws
-/// bulkhead::pool_timeout.
+/// bulkhead::pool_timeout. A rejection a pool throws must be a new object
+/// for each call (not a stored exception_ptr rethrown to many): the gate
+/// gives it its retry delay before letting it through.
 template <class Pool>
 concept pool_acquires_leases = requires(Pool& pool, std::chrono::steady_clock::time_point deadline) {
     { pool.acquire(deadline) } -> std::same_as<typename Pool::lease>;
