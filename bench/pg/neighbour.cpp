@@ -19,7 +19,8 @@
 // The plan:
 //   1. the rate: the closed-loop capacity of a gate with B = 4, quiet;
 //   2. a sweep with the neighbour on: fixed gates of B = 1, 2, 4, 8, 16 at
-//      that rate, 10 s each; the best B is the one with the most goodput;
+//      that rate, 10 s each; the best B is the one with the most goodput,
+//      a larger B having to beat the best so far by 2 % (the noise);
 //   3. three arms, each through 10 s of warm-up (not measured: the adaptive
 //      gate's slow start) and three phases of PHASE seconds (60 by
 //      default; --quick: 15): neighbour off, on, off, first under the open
