@@ -28,7 +28,9 @@
 // `server_conninfo()` names the server behind it.
 //
 // `private_cluster` is a second server of the test's own, for tests that stop
-// and start the server under a pool. It is always a new throwaway cluster,
+// and start the server under a pool, kill it, or make a streaming standby of
+// it and promote that (tests/support/pg_replication.hpp builds a replicated
+// cluster from them). It is always a new throwaway cluster,
 // even when BULKHEAD_TEST_DATABASE names a server: stopping a server that
 // someone else gave us is not ours to do.
 //
@@ -251,30 +253,16 @@ public:
     /// Starts the cluster and waits until it accepts connections.
     /// \throws Catch2's test failure (FAIL) when it cannot, with the script's
     ///         output and the end of the server's log.
-    private_cluster() {
-        m_script = detail::find_script();
-        if (m_script.empty()) {
-            FAIL(
-                "no pg_throwaway.sh for a private cluster: run this test through ctest, or set "
-                "BULKHEAD_PG_SCRIPT to the absolute path of tests/support/pg_throwaway.sh");
-        }
-        const std::filesystem::path temp = std::filesystem::temp_directory_path();
-        std::string pattern = (temp / "bulkhead-private-pg.XXXXXX").string();
-        if (::mkdtemp(pattern.data()) == nullptr) {
-            FAIL("cannot make a temporary directory under " << temp.string());
-        }
-        m_state_dir = pattern;
+    private_cluster() { start("start"); }
 
-        std::string failure = run("start");
-        if (!failure.empty()) {
-            stop_quietly();
-            FAIL(failure);
-        }
-        m_conninfo = detail::trim(detail::read_file(m_state_dir / "conninfo"));
-        if (m_conninfo.empty()) {
-            stop_quietly();
-            FAIL("the private cluster started but wrote no conninfo into " << m_state_dir.string());
-        }
+    /// Starts a streaming standby of `primary` (pg_basebackup -R: the same
+    /// cluster, role and password, a port of its own) that receives its WAL
+    /// from 127.0.0.1:`upstream_port`, the primary's port or a proxy's in
+    /// front of it, and waits until it accepts connections.
+    /// \throws Catch2's test failure (FAIL) when it cannot.
+    private_cluster(const private_cluster& primary, int upstream_port) {
+        start("start-standby",
+              " " + detail::shell_quote(primary.m_state_dir.string()) + " " + std::to_string(upstream_port));
     }
 
     private_cluster(const private_cluster&) = delete;
@@ -291,36 +279,79 @@ public:
     /// Stops the server (fast shutdown: open sessions are terminated), keeping
     /// its data, port and password.
     /// \throws Catch2's test failure (FAIL) when it cannot.
-    void stop_server() {
-        if (std::string failure = run("stop-server"); !failure.empty()) {
-            FAIL(failure);
-        }
-    }
+    void stop_server() { run_or_fail("stop-server"); }
 
     /// Starts the server again on the same port and waits until it accepts
     /// connections.
     /// \throws Catch2's test failure (FAIL) when it cannot.
-    void start_server() {
-        if (std::string failure = run("start-server"); !failure.empty()) {
+    void start_server() { run_or_fail("start-server"); }
+
+    /// Stops the server at once (immediate mode, as a crash would: no
+    /// shutdown checkpoint, sessions cut), keeping its data.
+    /// \throws Catch2's test failure (FAIL) when it cannot.
+    void kill_server() { run_or_fail("kill-server"); }
+
+    /// Promotes a standby and waits until it accepts writes.
+    /// \throws Catch2's test failure (FAIL) when it cannot.
+    void promote() { run_or_fail("promote"); }
+
+    /// The server's TCP port (on 127.0.0.1).
+    [[nodiscard]] int port() const {
+        const std::size_t at = m_conninfo.find("port=");
+        return at == std::string::npos ? 0 : std::stoi(m_conninfo.substr(at + 5));
+    }
+
+private:
+    /// Makes the state directory and runs `subcommand` (start or
+    /// start-standby, with `arguments` after the directory).
+    void start(std::string_view subcommand, const std::string& arguments = {}) {
+        m_script = detail::find_script();
+        if (m_script.empty()) {
+            FAIL(
+                "no pg_throwaway.sh for a private cluster: run this test through ctest, or set "
+                "BULKHEAD_PG_SCRIPT to the absolute path of tests/support/pg_throwaway.sh");
+        }
+        const std::filesystem::path temp = std::filesystem::temp_directory_path();
+        std::string pattern = (temp / "bulkhead-private-pg.XXXXXX").string();
+        if (::mkdtemp(pattern.data()) == nullptr) {
+            FAIL("cannot make a temporary directory under " << temp.string());
+        }
+        m_state_dir = pattern;
+
+        std::string failure = run(subcommand, arguments);
+        if (!failure.empty()) {
+            stop_quietly();
+            FAIL(failure);
+        }
+        m_conninfo = detail::trim(detail::read_file(m_state_dir / "conninfo"));
+        if (m_conninfo.empty()) {
+            stop_quietly();
+            FAIL("the private cluster started but wrote no conninfo into " << m_state_dir.string());
+        }
+    }
+
+    /// The shell command that runs one subcommand of the script on this cluster.
+    [[nodiscard]] std::string command(std::string_view subcommand, const std::string& arguments = {}) const {
+        return "env -u BULKHEAD_TEST_DATABASE bash " + detail::shell_quote(m_script) + " " + std::string(subcommand) +
+               " " + detail::shell_quote(m_state_dir.string()) + arguments;
+    }
+
+    /// Runs a subcommand on this cluster.
+    /// \throws Catch2's test failure (FAIL) with what went wrong.
+    void run_or_fail(std::string_view subcommand) const {
+        if (std::string failure = run(subcommand); !failure.empty()) {
             FAIL(failure);
         }
     }
 
-private:
-    /// The shell command that runs one subcommand of the script on this cluster.
-    [[nodiscard]] std::string command(std::string_view subcommand) const {
-        return "env -u BULKHEAD_TEST_DATABASE bash " + detail::shell_quote(m_script) + " " + std::string(subcommand) +
-               " " + detail::shell_quote(m_state_dir.string());
-    }
-
     /// Runs a subcommand; returns an empty string on success, else what went wrong.
-    [[nodiscard]] std::string run(std::string_view subcommand) const {
-        const detail::command_result result = detail::run_command(command(subcommand));
+    [[nodiscard]] std::string run(std::string_view subcommand, const std::string& arguments = {}) const {
+        const detail::command_result result = detail::run_command(command(subcommand, arguments));
         if (result.exit_status == 0) {
             return {};
         }
-        std::string failure = "private PostgreSQL cluster: '" + command(subcommand) + "' failed (exit status " +
-                              std::to_string(result.exit_status) + ")\n" + result.output;
+        std::string failure = "private PostgreSQL cluster: '" + command(subcommand, arguments) +
+                              "' failed (exit status " + std::to_string(result.exit_status) + ")\n" + result.output;
         const std::string log = detail::read_file(m_state_dir / "server.log");
         if (!log.empty()) {
             failure +=

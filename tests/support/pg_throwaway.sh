@@ -7,7 +7,17 @@
 #   pg_throwaway.sh stop-server  STATE_DIR   stop the server, keep its data, port and password
 #   pg_throwaway.sh start-server STATE_DIR   start it again on the same port and wait until ready
 #   pg_throwaway.sh env          STATE_DIR   print `export BULKHEAD_TEST_DATABASE='...'`
+#   pg_throwaway.sh start-standby STATE_DIR PRIMARY_STATE_DIR [UPSTREAM_PORT]
+#                                            start a streaming standby of the server in PRIMARY_STATE_DIR
+#   pg_throwaway.sh promote      STATE_DIR   promote a standby and wait until it accepts writes
+#   pg_throwaway.sh kill-server  STATE_DIR   stop the server at once (immediate mode: a crash), keep its data
 #
+# A standby is a copy made with `pg_basebackup -R` (same system identifier,
+# same bulkhead role and password) on a port of its own, streaming from
+# 127.0.0.1:UPSTREAM_PORT (default: the primary's port; a test puts a proxy
+# there to partition the standby). It reads the password from a passfile in
+# its own directory and starts with synchronous_standby_names empty, so that
+# once promoted it does not wait for standbys it does not have.
 # After `start`, STATE_DIR holds:
 #   conninfo    libpq keyword string: host=127.0.0.1 port=N dbname=bulkhead user=bulkhead password=... connect_timeout=5
 #   env         the same as a shell `export` line, and BULKHEAD_PG_SCRIPT (this script)
@@ -27,7 +37,7 @@ readonly ready_timeout_s=30
 readonly start_attempts=5
 
 usage() {
-    sed -n '5,9s/^#   //p' "${BASH_SOURCE[0]}" >&2
+    sed -n '5,14s/^#   //p' "${BASH_SOURCE[0]}" >&2
     exit 2
 }
 
@@ -198,36 +208,9 @@ stop_if_start_failed() {
 
 # --- subcommands ------------------------------------------------------------
 
-cmd_stop() {
-    [[ -d "$state_dir" ]] || return 0
-    if [[ -f "$state_dir/state" && ! -e "$state_dir/external" ]]; then
-        # A half-made state (e.g. data dir gone) must not stop the cleanup.
-        if (load_state 2>/dev/null); then
-            load_state
-            if server_is_running; then
-                stop_server_if_running
-                say "stopped the server on port $port"
-            fi
-        fi
-        local extra
-        extra=$(sed -n 's/^runtime_dir=//p' "$state_dir/state")
-        if [[ -n "$extra" && -d "$extra" && -e "$extra/$marker_name" ]]; then
-            rm -rf -- "$extra"
-        fi
-    fi
-    remove_state_dir
-}
-
-cmd_start() {
-    claim_state_dir
-
-    if [[ -n "${BULKHEAD_TEST_DATABASE:-}" ]]; then
-        write_conninfo "$BULKHEAD_TEST_DATABASE"
-        touch "$state_dir/external"
-        say "using BULKHEAD_TEST_DATABASE, no server started: $(printf '%s' "$BULKHEAD_TEST_DATABASE" | mask_password)"
-        return 0
-    fi
-
+# Chooses the server's binaries and user and makes its directories (data,
+# socket, log), recorded in STATE_DIR/state with port 0.
+make_server_dirs() {
     bindir=$(find_bindir)
     server_user=$(server_user_for_new_cluster)
 
@@ -270,6 +253,40 @@ cmd_start() {
     port=0
     write_state
 
+}
+
+
+cmd_stop() {
+    [[ -d "$state_dir" ]] || return 0
+    if [[ -f "$state_dir/state" && ! -e "$state_dir/external" ]]; then
+        # A half-made state (e.g. data dir gone) must not stop the cleanup.
+        if (load_state 2>/dev/null); then
+            load_state
+            if server_is_running; then
+                stop_server_if_running
+                say "stopped the server on port $port"
+            fi
+        fi
+        local extra
+        extra=$(sed -n 's/^runtime_dir=//p' "$state_dir/state")
+        if [[ -n "$extra" && -d "$extra" && -e "$extra/$marker_name" ]]; then
+            rm -rf -- "$extra"
+        fi
+    fi
+    remove_state_dir
+}
+
+cmd_start() {
+    claim_state_dir
+
+    if [[ -n "${BULKHEAD_TEST_DATABASE:-}" ]]; then
+        write_conninfo "$BULKHEAD_TEST_DATABASE"
+        touch "$state_dir/external"
+        say "using BULKHEAD_TEST_DATABASE, no server started: $(printf '%s' "$BULKHEAD_TEST_DATABASE" | mask_password)"
+        return 0
+    fi
+
+    make_server_dirs
     say "creating a cluster in $data_dir (PostgreSQL $("$bindir/postgres" --version | sed -E 's/^[^0-9]*([0-9.]+).*/\1/'), user $server_user)"
     if ! as_server_user "$bindir/initdb" -D "$data_dir" --username=postgres --auth-local=trust \
         --auth-host=scram-sha-256 --encoding=UTF8 --locale=C --no-sync >"$state_dir/initdb.log" 2>&1; then
@@ -278,25 +295,7 @@ cmd_start() {
     fi
     printf "\ninclude 'throwaway.conf'\n" | as_server_user tee -a "$data_dir/postgresql.conf" >/dev/null
 
-    trap stop_if_start_failed EXIT
-    local attempt status
-    for ((attempt = 1; attempt <= start_attempts; attempt++)); do
-        port=$(pick_free_port)
-        write_server_conf
-        write_state
-        status=0
-        start_server_once || status=$?
-        if ((status == 0)); then
-            started_server=1
-            break
-        elif ((status == 3 && attempt < start_attempts)); then
-            say "port $port was taken before the server could bind it; trying another"
-        else
-            tail_log
-            die "the server did not start (log: $log_file)"
-        fi
-    done
-    wait_until_ready
+    start_on_free_port
 
     local password
     password=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
@@ -349,22 +348,115 @@ cmd_start_server() {
     say "started the server on port $port"
 }
 
+# Picks a free port, writes the settings and starts the server, retrying on
+# a port taken in between; a later failure of this run stops it again.
+start_on_free_port() {
+    trap stop_if_start_failed EXIT
+    local attempt status
+    for ((attempt = 1; attempt <= start_attempts; attempt++)); do
+        port=$(pick_free_port)
+        write_server_conf
+        write_state
+        status=0
+        start_server_once || status=$?
+        if ((status == 0)); then
+            started_server=1
+            break
+        elif ((status == 3 && attempt < start_attempts)); then
+            say "port $port was taken before the server could bind it; trying another"
+        else
+            tail_log
+            die "the server did not start (log: $log_file)"
+        fi
+    done
+    wait_until_ready
+}
+
+cmd_start_standby() {
+    local primary_dir=$1 upstream_port=$2
+    [[ -f "$primary_dir/state" && -f "$primary_dir/conninfo" ]] || die "$primary_dir has no server of this script's"
+    [[ ! -e "$primary_dir/external" ]] || die "$primary_dir names an external server; a standby needs a throwaway one"
+    local primary_port primary_bindir
+    primary_port=$(sed -n 's/^port=//p' "$primary_dir/state")
+    primary_bindir=$(sed -n 's/^bindir=//p' "$primary_dir/state")
+    upstream_port=${upstream_port:-$primary_port}
+    [[ "$upstream_port" =~ ^[0-9]+$ ]] || die "UPSTREAM_PORT must be a port number"
+    local conninfo password
+    conninfo=$(cat "$primary_dir/conninfo")
+    password=$(printf '%s\n' "$conninfo" | sed -n 's/.* password=\([^ ]*\).*/\1/p')
+    [[ -n "$password" ]] || die "no password in $primary_dir/conninfo"
+
+    claim_state_dir
+    PG_BINDIR=$primary_bindir make_server_dirs
+    # The password reaches pg_basebackup and the WAL receiver through a
+    # passfile of the server user's, never through a command line.
+    local passfile
+    passfile="$(dirname "$data_dir")/pgpass"
+    (
+        umask 077
+        printf '127.0.0.1:*:*:bulkhead:%s\n' "$password" >"$passfile"
+    )
+    [[ "$server_user" == "$(id -un)" ]] || chown "$server_user": "$passfile"
+    say "copying the server on port $primary_port into $data_dir (pg_basebackup)"
+    if ! as_server_user env PGPASSFILE="$passfile" "$bindir/pg_basebackup" -D "$data_dir" -h 127.0.0.1 \
+        -p "$primary_port" -U bulkhead -X stream -c fast -R --no-sync >"$state_dir/basebackup.log" 2>&1; then
+        mask_password <"$state_dir/basebackup.log" >&2
+        die "pg_basebackup failed"
+    fi
+    # Appended last, so these win over what -R and the primary's ALTER
+    # SYSTEM wrote there.
+    as_server_user tee -a "$data_dir/postgresql.auto.conf" >/dev/null <<EOF
+primary_conninfo = 'host=127.0.0.1 port=$upstream_port user=bulkhead passfile=''$passfile'' application_name=bulkhead_standby'
+synchronous_standby_names = ''
+EOF
+    start_on_free_port
+    write_conninfo "${conninfo/port=$primary_port /port=$port }"
+    started_server=0
+    say "standby of port $primary_port on port $port, streaming from port $upstream_port"
+}
+
+cmd_promote() {
+    [[ ! -e "$state_dir/external" ]] || die "$state_dir names an external server"
+    load_state
+    as_server_user "$bindir/pg_ctl" promote -D "$data_dir" -w -t "$ready_timeout_s" -s ||
+        die "the server on port $port was not promoted within ${ready_timeout_s}s"
+    say "promoted the server on port $port"
+}
+
+cmd_kill_server() {
+    [[ ! -e "$state_dir/external" ]] || return 0
+    load_state
+    if server_is_running; then
+        as_server_user "$bindir/pg_ctl" stop -D "$data_dir" -m immediate -w -t 30 -s >/dev/null 2>&1 ||
+            die "the server on port $port did not stop"
+    fi
+    say "killed the server on port $port (immediate shutdown, data kept)"
+}
+
 cmd_env() {
     [[ -f "$state_dir/env" ]] || die "$state_dir has no env file; run '$program start $state_dir' first"
     cat "$state_dir/env"
 }
 
 main() {
-    (($# == 2)) || usage
+    (($# >= 2)) || usage
     local command=$1
     state_dir=$2
     [[ -n "$state_dir" ]] || usage
+    if [[ "$command" == start-standby ]]; then
+        (($# == 3 || $# == 4)) || usage
+        cmd_start_standby "$3" "${4:-}"
+        return
+    fi
+    (($# == 2)) || usage
     case "$command" in
         start) cmd_start ;;
         stop) cmd_stop ;;
         stop-server) cmd_stop_server ;;
         start-server) cmd_start_server ;;
         env) cmd_env ;;
+        promote) cmd_promote ;;
+        kill-server) cmd_kill_server ;;
         *) usage ;;
     esac
 }

@@ -2,8 +2,9 @@
 // connection exactly at COMMIT (tests of in-doubt commits), go silent (hold
 // every byte both ways while the connections stay open: a network that stops
 // answering), hold new connections unanswered (a cancel or connect that
-// never gets a reply), refuse new connections, and count the connections
-// open through it at once.
+// never gets a reply), refuse new connections, sever every connection
+// without forwarding what a silence held (a partition), send new connections
+// to another port, and count the connections open through it at once.
 //
 // It forwards bytes both ways and parses the protocol both ways (the untyped
 // startup packets and the one-byte answers to SSLRequest/GSSENCRequest, then
@@ -121,6 +122,22 @@ public:
     /// connections stay open. Clearing it forwards what waited.
     void silence(bool silent) noexcept { m_silent.store(silent); }
 
+    /// Cuts every connection through the proxy without forwarding what a
+    /// silence held (a partition that ends with the network lost, not
+    /// healed), and refuses new connections from then on.
+    void sever() noexcept {
+        m_severed.store(true);
+        m_refusing.store(true);
+        const std::lock_guard lock(m_mutex);
+        for (auto& each : m_links) {
+            each.close_both();
+        }
+    }
+
+    /// New connections go to 127.0.0.1:`port` from now on (another server
+    /// behind the same address); open ones stay where they are.
+    void set_upstream_port(int port) noexcept { m_upstream_port.store(port); }
+
     /// While set, new connections are accepted and then left unanswered (no
     /// upstream, nothing read or sent) until the proxy is destroyed.
     void hold_new(bool hold) noexcept { m_holding.store(hold); }
@@ -188,7 +205,7 @@ private:
         const int upstream = ::socket(AF_INET, SOCK_STREAM, 0);
         sockaddr_in address{};
         address.sin_family = AF_INET;
-        address.sin_port = htons(static_cast<std::uint16_t>(m_upstream_port));
+        address.sin_port = htons(static_cast<std::uint16_t>(m_upstream_port.load()));
         ::inet_pton(AF_INET, m_upstream_host.c_str(), &address.sin_addr);
         if (::connect(upstream, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
             ::close(upstream);
@@ -272,7 +289,7 @@ private:
                     }
                 }
                 wait_while_silent(through);
-                if (!send_all(through.upstream, message, total)) {
+                if (m_severed || !send_all(through.upstream, message, total)) {
                     through.close_both();
                     return;
                 }
@@ -386,7 +403,7 @@ private:
             }
             pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(at));
             wait_while_silent(through);
-            if (!out.empty() && !send_all(through.client, out.data(), out.size())) {
+            if (m_severed || (!out.empty() && !send_all(through.client, out.data(), out.size()))) {
                 break;
             }
             through.completions_delivered += completions;
@@ -440,11 +457,12 @@ private:
     }
 
     std::string m_upstream_host;
-    int m_upstream_port;
+    std::atomic<int> m_upstream_port;
     int m_listener = -1;
     int m_port = 0;
     std::atomic<bool> m_stopping{false};
     std::atomic<bool> m_refusing{false};
+    std::atomic<bool> m_severed{false};  // sever(): nothing is forwarded again
     std::atomic<bool> m_silent{false};
     std::atomic<bool> m_holding{false};
     std::atomic<int> m_held_count{0};

@@ -578,6 +578,22 @@ private:
             }
             record->backend_pid = record->connection->backendpid();
             record->server_version = PQserverVersion(record->handle);
+            // Which server it reached, for a lost COMMIT's lookup
+            // (commit_origin.hpp), in one round trip bounded as a validation
+            // is. A server that cannot say (before PostgreSQL 10, or its
+            // functions not granted) leaves it unknown: its lost COMMITs are
+            // then commit_unknown. A connection that did not answer, or that
+            // libpq still finds busy, is not used.
+            if (std::optional<server_place> place =
+                    read_server_place(record->handle, saturating_add(clock::now(), m_options.validation_timeout))) {
+                record->place = std::move(*place);
+            } else if (PQstatus(record->handle) != CONNECTION_OK ||
+                       PQtransactionStatus(record->handle) != PQTRANS_IDLE) {
+                throw std::runtime_error(
+                    "bulkhead::pqxx_pool: the new connection did not answer which server it "
+                    "reached within validation_timeout: " +
+                    one_line(PQerrorMessage(record->handle)));
+            }
             record->cancel = std::make_shared<cancel_request>(record->handle);
             record->watch_socket.watch(PQsocket(record->handle));
             std::string restore;

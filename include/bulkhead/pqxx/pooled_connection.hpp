@@ -39,6 +39,9 @@ struct pooled_connection {
     PGconn* handle = nullptr;
     int backend_pid = 0;
     int server_version = 0;  // PQserverVersion, for the names of the xact functions
+    // Which server it reached when it opened (system identifier, postmaster
+    // start, timeline): a lost COMMIT is settled only by that server.
+    server_place place;
     // Watches the callback's statements (registered with libpq as an event
     // procedure on `handle`; needs this stable address).
     block_guard guard;

@@ -21,7 +21,9 @@
 //   its own;
 // - a cancel request sent from a thread of its own (cancel_request), so the
 //   thread that asks never waits on the network;
-// - the lost-commit lookup: the server's function names by version.
+// - the lost-commit lookup: the server's function names by version, and
+//   which server answers it (commit_origin.hpp: an answer counts only from
+//   the instance and timeline the transaction ran on).
 //
 // Guarantees: only integers and fixed keywords go into a statement built
 // here; nothing here sends anything unless its comment says so.
@@ -32,6 +34,7 @@
 
 #include <bulkhead/detail/detached_threads.hpp>
 #include <bulkhead/detail/socket_wait.hpp>
+#include <bulkhead/pqxx/commit_origin.hpp>
 #include <bulkhead/pqxx/conninfo.hpp>
 #include <bulkhead/pqxx/options.hpp>
 
@@ -93,6 +96,17 @@ enum class commit_status : std::uint8_t { committed, aborted, unknown };
 [[nodiscard]] constexpr const char* xact_id_if_assigned(int server_version) noexcept {
     return server_version >= 130000 ? "SELECT pg_current_xact_id_if_assigned()" : "SELECT txid_current_if_assigned()";
 }
+
+/// Which server answers (commit_origin.hpp): in recovery or not, the
+/// system identifier, the postmaster's start time in microseconds, and, out
+/// of recovery, the WAL file name of the insert position, which names the
+/// timeline (pg_walfile_name() fails during recovery). Asked when a
+/// connection opens and first on a lost COMMIT's lookup. PostgreSQL 10 or
+/// later; every function in it may be called by any user.
+inline constexpr const char* server_place_query =
+    "SELECT pg_is_in_recovery(), (SELECT system_identifier FROM pg_control_system()), "
+    "(extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint, "
+    "CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_walfile_name(pg_current_wal_insert_lsn()) END";
 
 /// The function that reads a transaction's status, by server version.
 [[nodiscard]] constexpr std::string_view xact_status_function(int server_version) noexcept {
@@ -190,35 +204,47 @@ private:
     }
 }
 
+/// Sends `sql` as one simple query and hands each of its results to
+/// on_result(const PGresult&), never waiting past `deadline`. False when it
+/// could not be sent or the wait ended first: an answer may then be pending,
+/// and the connection must not be reused. Each result is cleared after
+/// on_result, also when it throws.
+template <class OnResult>
+[[nodiscard]] bool query_before(PGconn* connection, const char* sql, std::chrono::steady_clock::time_point deadline,
+                                OnResult&& on_result) {
+    if (connection == nullptr || PQsendQuery(connection, sql) == 0) {
+        return false;
+    }
+    for (;;) {
+        while (PQisBusy(connection) != 0) {
+            if (!wait_readable(PQsocket(connection), deadline) || PQconsumeInput(connection) == 0) {
+                return false;
+            }
+        }
+        const std::unique_ptr<PGresult, decltype(&PQclear)> result(PQgetResult(connection), &PQclear);
+        if (!result) {
+            return true;
+        }
+        on_result(*result);
+    }
+}
+
 /// Runs `sql` (one statement returning one value) without waiting past
 /// `deadline`. The value as text, or nothing on any failure, a NULL
 /// included.
 [[nodiscard]] inline std::optional<std::string> query_value_before(PGconn* connection, const std::string& sql,
                                                                    std::chrono::steady_clock::time_point deadline) {
-    if (PQsendQuery(connection, sql.c_str()) == 0) {
-        return std::nullopt;
-    }
     std::optional<std::string> value;
     bool failed = false;
-    for (;;) {
-        while (PQisBusy(connection) != 0) {
-            if (!wait_readable(PQsocket(connection), deadline) || PQconsumeInput(connection) == 0) {
-                return std::nullopt;  // the connection is dropped unread: nobody reuses it
-            }
-        }
-        PGresult* result = PQgetResult(connection);
-        if (result == nullptr) {
-            break;
-        }
-        if (PQresultStatus(result) == PGRES_TUPLES_OK && PQntuples(result) == 1 && PQnfields(result) == 1 &&
-            PQgetisnull(result, 0, 0) == 0) {
-            value.emplace(PQgetvalue(result, 0, 0));
+    const bool read = query_before(connection, sql.c_str(), deadline, [&](const PGresult& result) {
+        if (PQresultStatus(&result) == PGRES_TUPLES_OK && PQntuples(&result) == 1 && PQnfields(&result) == 1 &&
+            PQgetisnull(&result, 0, 0) == 0) {
+            value.emplace(PQgetvalue(&result, 0, 0));
         } else {
             failed = true;
         }
-        PQclear(result);
-    }
-    return failed ? std::nullopt : value;
+    });
+    return read && !failed ? value : std::nullopt;
 }
 
 /// Runs `sql` (one or more statements) without waiting past `deadline`.
@@ -226,51 +252,87 @@ private:
 /// on false the connection must not be reused (an answer may be pending).
 [[nodiscard]] inline bool run_before(PGconn* connection, const char* sql,
                                      std::chrono::steady_clock::time_point deadline) noexcept {
-    if (connection == nullptr || PQsendQuery(connection, sql) == 0) {
-        return false;
-    }
     bool ok = true;
-    for (;;) {
-        while (PQisBusy(connection) != 0) {
-            if (!wait_readable(PQsocket(connection), deadline) || PQconsumeInput(connection) == 0) {
-                return false;
-            }
-        }
-        PGresult* result = PQgetResult(connection);
-        if (result == nullptr) {
-            break;
-        }
-        const ExecStatusType status = PQresultStatus(result);
+    const bool read = query_before(connection, sql, deadline, [&](const PGresult& result) noexcept {
+        const ExecStatusType status = PQresultStatus(&result);
         ok = ok && (status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK);
-        PQclear(result);
-    }
-    return ok && PQstatus(connection) == CONNECTION_OK;
+    });
+    return read && ok && PQstatus(connection) == CONNECTION_OK;
 }
 
-/// Asks the server, on a connection of its own made from `target`, what
-/// became of transaction `xid`; retries while that transaction is still
-/// "in progress" (its backend is still ending it) or the server cannot be
-/// reached, never past `until`. Every wait is bounded by `until`, the
-/// connection attempt included.
-inline commit_status read_commit_status(const connect_target& target, int server_version, std::int64_t xid,
-                                        std::chrono::steady_clock::time_point until) noexcept {
+/// Asks the server on `connection` which server it is (server_place_query),
+/// without waiting past `deadline`. Nothing on any failure (out of memory
+/// included); then the connection may have an answer pending.
+[[nodiscard]] inline std::optional<server_place> read_server_place(
+    PGconn* connection, std::chrono::steady_clock::time_point deadline) noexcept {
+    std::optional<server_place> place;
+    bool failed = false;
+    const bool read = query_before(connection, server_place_query, deadline, [&](const PGresult& result) noexcept {
+        if (PQresultStatus(&result) != PGRES_TUPLES_OK || PQntuples(&result) != 1 || PQnfields(&result) != 4 ||
+            PQgetisnull(&result, 0, 0) != 0) {
+            failed = true;
+            return;
+        }
+        const auto field = [&](int column) -> const char* {
+            return PQgetisnull(&result, 0, column) != 0 ? nullptr : PQgetvalue(&result, 0, column);
+        };
+        try {
+            place.emplace();
+            place->in_recovery = std::string_view(PQgetvalue(&result, 0, 0)) != "f";
+            place->system_identifier = field(1) != nullptr ? field(1) : "";
+            place->started_us = field(2) != nullptr ? whole_integer(field(2)).value_or(0) : 0;
+            place->timeline = field(3) != nullptr ? walfile_timeline(field(3)).value_or(0) : 0;
+        } catch (...) {  // out of memory
+            failed = true;
+        }
+    });
+    return read && !failed ? place : std::nullopt;
+}
+
+/// What a lost COMMIT's lookup found: the status, and when it is unknown
+/// because another server answered, why.
+struct commit_lookup {
+    commit_status status = commit_status::unknown;
+    std::string other_server;  // empty unless the answering server cannot speak for the transaction
+};
+
+/// Asks a server, on a connection of its own made from `target`, what
+/// became of transaction `xid`, which ran at `ran`. First asks which server
+/// answers: unless it is the instance and timeline the transaction ran on,
+/// out of recovery, nothing else is asked and the outcome is unknown at once
+/// (other_server says why; that server will not become the right one).
+/// Retries while the transaction is still "in progress" (its backend is
+/// still ending it) or no server can be reached, never past `until`. Every
+/// wait is bounded by `until`, the connection attempt included.
+inline commit_lookup read_commit_status(const connect_target& target, int server_version, std::int64_t xid,
+                                        const server_place& ran, std::chrono::steady_clock::time_point until) noexcept {
     using clock = std::chrono::steady_clock;
+    commit_lookup found;
     for (auto pause = std::chrono::milliseconds(10);; pause = std::min(pause * 2, std::chrono::milliseconds(200))) {
         try {
             if (const auto connection = connect_before(connect_string(target, until - clock::now()), until)) {
-                const std::optional<std::string> said =
-                    query_value_before(connection->get(), xact_status_query(server_version, xid), until);
-                if (said == "committed") {
-                    return commit_status::committed;
-                }
-                if (said == "aborted") {
-                    return commit_status::aborted;
+                if (const std::optional<server_place> answering = read_server_place(connection->get(), until)) {
+                    found.other_server = other_place(ran, *answering);
+                    if (!found.other_server.empty()) {
+                        return found;
+                    }
+                    const std::optional<std::string> said =
+                        query_value_before(connection->get(), xact_status_query(server_version, xid), until);
+                    if (said == "committed") {
+                        found.status = commit_status::committed;
+                        return found;
+                    }
+                    if (said == "aborted") {
+                        found.status = commit_status::aborted;
+                        return found;
+                    }
                 }
             }
         } catch (...) {  // out of memory: as unreachable
+            found.other_server.clear();
         }
         if (clock::now() + pause >= until) {
-            return commit_status::unknown;
+            return found;
         }
         std::this_thread::sleep_for(pause);
     }

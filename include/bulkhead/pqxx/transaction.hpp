@@ -113,10 +113,8 @@ struct transaction_control {
             txid = no_txid;
             return;
         }
-        const char* text = PQgetvalue(&result, 0, 0);
-        char* end = nullptr;
-        const long long id = std::strtoll(text, &end, 10);
-        if (end != text && *end == '\0' && id > no_txid) {
+        const std::int64_t id = whole_integer(PQgetvalue(&result, 0, 0)).value_or(no_txid);
+        if (id > no_txid) {
             txid = id;
         }
     }
@@ -388,8 +386,13 @@ inline void transaction_control::settle_lost_commit(const std::exception& cause)
         std::throw_with_nested(commit_unknown(
             lost + " (the answer with the transaction's id was lost too, so its outcome cannot be read)"));
     }
+    if (!owner->place.known()) {
+        std::throw_with_nested(
+            commit_unknown(lost + " (the outcome cannot be read: " + other_place(owner->place, server_place{}) + ")"));
+    }
     const std::string_view function = xact_status_function(owner->server_version);
-    switch (read_commit_status(*target, owner->server_version, txid, settle_until)) {
+    const commit_lookup found = read_commit_status(*target, owner->server_version, txid, owner->place, settle_until);
+    switch (found.status) {
         case commit_status::committed:
             in_doubt = false;
             return;
@@ -398,6 +401,9 @@ inline void transaction_control::settle_lost_commit(const std::exception& cause)
                                           " confirms the transaction was rolled back)");
         case commit_status::unknown:
             break;
+    }
+    if (!found.other_server.empty()) {
+        std::throw_with_nested(commit_unknown(lost + " (the outcome cannot be read: " + found.other_server + ")"));
     }
     std::throw_with_nested(commit_unknown(lost + " (" + std::string(function) + " could not be read in time)"));
 }
