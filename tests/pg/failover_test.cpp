@@ -154,6 +154,7 @@ TEST_CASE("[I1] calls in COMMIT when a partitioned synchronous standby is promot
         // The standby hears nothing more; every COMMIT now waits for it.
         cluster.partition();
         std::vector<std::future<write_outcome>> writes;
+        writes.reserve(calls);
         for (int call = 0; call < calls; ++call) {
             writes.push_back(std::async(std::launch::async, [&gate, round, call] {
                 return write_row(gate, "failover_rows", std::to_string(round) + ", " + std::to_string(call));
