@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What making the server assign a transaction id costs a transaction that
-# writes nothing, and where that cost goes (docs/performance.md, "What a
-# transaction id costs").
+# writes nothing, and where that cost goes (docs/deadlines.md, "Commit
+# outcomes").
 #
 #   bench/xid_cost.sh STATE_DIR [SECONDS] [ROUNDS]
 #

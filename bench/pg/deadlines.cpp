@@ -1,5 +1,5 @@
 // bulkhead_deadlines_bench: what G8's early rejection saves the database
-// (docs/deadlines.md, docs/performance.md "Early rejection",
+// (docs/deadlines.md, docs/performance.md "What early rejection saves the database",
 // scripts/bench-deadlines).
 //
 // An overloaded gate: B permits over a pool of B, C closed-loop callers, each

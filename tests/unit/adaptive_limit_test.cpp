@@ -193,9 +193,8 @@ TEST_CASE("[G5] the adaptive limit does not drift upward under sustained modest 
     simulated_database database(2.0, 16.0);
     database.set_neighbour(6.0);
     // Without waits (enter(), or callers that never queue), and with the
-    // waits of 96 callers timed, which rule 5b reads (and which broke this
-    // test with a rule that read them wrongly: docs/adaptive.md, "Rule 4c,
-    // tried and taken back").
+    // waits of 96 callers timed, which rule 5b reads: a rule that read them
+    // wrongly would hold the limit down here.
     const int callers = GENERATE(0, 96);
     database.set_callers(callers);
     INFO(callers << " callers' waits timed");

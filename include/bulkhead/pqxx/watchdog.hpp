@@ -22,8 +22,8 @@
 //   and disarm() make no system call but the wake of that thread when the
 //   new entry is the earliest, never allocate once the entries' capacity (the
 //   pool's max_size) is reserved, and never block on the network. (A dup per
-//   arm() and a close per disarm(), under the mutex, cost the closed loop
-//   about a fifth of its throughput on two cores: docs/performance.md.)
+//   arm() and a close per disarm() would put two system calls under the
+//   mutex on every call.)
 //
 // Thread safety: all members may be called concurrently. What the firing
 // thread did (the shutdown, `fired = true`) happens-before a reader of
