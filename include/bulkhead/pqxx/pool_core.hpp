@@ -8,8 +8,13 @@
 // Thread safety. Every member may be called concurrently; m_mutex guards
 // the idle list, the queue and the bookkeeping, and is never held while
 // connecting, validating or closing a connection (retired_connections
-// carries them out of the critical section). The gauges are atomics written
-// under the mutex and read relaxed by observers: snapshots, stale at once.
+// carries them out of the critical section). The state under the mutex is
+// the truth, and every decision reads it there: the idle list, the queue and
+// its length, the connections in use and those being opened; the size is
+// their sum. Observers read four atomic gauges instead, lock-free: a
+// state_lock publishes them from that state when it lets go of the mutex
+// (publish_locked, the only place that writes them), and every critical
+// section that changes that state holds one. Snapshots, stale at once.
 #pragma once
 
 #include <bulkhead/detail/clock.hpp>
@@ -97,7 +102,14 @@ private:
     return restore.empty() ? "SELECT " + setting : restore + ", " + setting;
 }
 
-/// reading an answer that has started to arrive.
+/// One round trip: true when the connection answers and its session is
+/// outside any transaction block. The query starts a transaction of its own
+/// exactly when none is open, and then its transaction and statement start
+/// times are the same value. The wait for the answer to start arriving is
+/// bounded by `deadline` (a server that is gone, stopped or cut off by the
+/// network); on a timeout the connection is closed, since the answer may
+/// still come and nobody may read it. libpqxx offers no non-blocking way to
+/// finish reading an answer that has started to arrive.
 inline bool check_idle_session(pqxx::connection& connection, std::chrono::steady_clock::time_point deadline) noexcept {
     try {
         if (!connection.is_open()) {
@@ -161,8 +173,8 @@ public:
         const auto until = saturating_add(clock::now(), m_options.connection_timeout);
         for (std::size_t opened = 0; opened < m_options.min_idle; ++opened) {
             {
-                const std::lock_guard lock(m_mutex);
-                if (m_size.load(std::memory_order_relaxed) >= m_options.max_size) {
+                const state_lock lock(*this);
+                if (size_locked() >= m_options.max_size) {
                     return;
                 }
                 reserve_slot_locked();
@@ -208,8 +220,9 @@ public:
                 // replacement in, at once.
                 connection.reset();
                 count_close(*unusable);
-                const std::lock_guard lock(m_mutex);
-                store(m_in_use, load(m_in_use) - 1);
+                const state_lock lock(*this);
+                --m_in_use;
+                ++m_opening;  // the slot open() below connects in
             }
             if (std::unique_ptr<pooled_connection> opened = open(until, stop)) {
                 opened->last_borrower = std::this_thread::get_id();
@@ -228,7 +241,7 @@ public:
             count_close(*unusable);
         }
         retired_connections retired;
-        const std::lock_guard lock(m_mutex);
+        const state_lock lock(*this);
         if (connection && !m_closed) {
             connection->idle_since = now;
             if (!m_queue.empty()) {
@@ -236,23 +249,19 @@ public:
                 // here; in_use does not change. Notified under the mutex, so
                 // the waiter cannot return (and free its node) before we let go.
                 pool_waiter& oldest = *m_queue.front();
-                m_queue.remove(oldest);
-                store(m_waiting, load(m_waiting) - 1);
                 oldest.handed = std::move(connection);
                 oldest.wake.notify_one();
-                wake_oldest_locked();  // the next in line may be able to act now (open after a back-off)
+                leave_queue_locked(oldest);  // the next in line may be able to act now (open after a back-off)
             } else {
                 m_idle.push_back(std::move(connection));  // capacity is max_size: no allocation
-                store(m_idle_count, load(m_idle_count) + 1);
-                store(m_in_use, load(m_in_use) - 1);
+                --m_in_use;
             }
         } else {
             if (connection) {  // the pool object is gone: close it
                 retired.add(std::move(connection));
                 count_close(close_reason::shutdown);
             }
-            store(m_in_use, load(m_in_use) - 1);
-            store(m_size, load(m_size) - 1);
+            --m_in_use;
             wake_oldest_locked();  // a slot is free
         }
         retire_expired_locked(now, retired);
@@ -262,7 +271,7 @@ public:
     void shut_down() noexcept {
         std::vector<std::unique_ptr<pooled_connection>> idle;
         {
-            const std::lock_guard lock(m_mutex);
+            const state_lock lock(*this);
             assert(m_queue.empty() && "bulkhead::pqxx_pool destroyed while a thread waits in acquire()");
             m_closed = true;
             idle.swap(m_idle);
@@ -273,24 +282,50 @@ public:
             // thread, or a lease still out, must not call the user's hooks:
             // what they capture may be gone with the pool.
             m_hooks_off.store(true, std::memory_order_release);
-            store(m_size, load(m_size) - idle.size());
-            store(m_idle_count, 0);
         }
     }
 
-    [[nodiscard]] std::size_t size() const noexcept { return load(m_size); }
-    [[nodiscard]] std::size_t idle() const noexcept { return load(m_idle_count); }
-    [[nodiscard]] std::size_t in_use() const noexcept { return load(m_in_use); }
-    [[nodiscard]] std::size_t waiting() const noexcept { return load(m_waiting); }
+    // The gauges, lock-free: relaxed, since only publish_locked() writes them
+    // (under m_mutex) and nothing is decided on them; a snapshot each.
+    [[nodiscard]] std::size_t size() const noexcept { return m_size_gauge.load(std::memory_order_relaxed); }
+    [[nodiscard]] std::size_t idle() const noexcept { return m_idle_gauge.load(std::memory_order_relaxed); }
+    [[nodiscard]] std::size_t in_use() const noexcept { return m_in_use_gauge.load(std::memory_order_relaxed); }
+    [[nodiscard]] std::size_t waiting() const noexcept { return m_waiting_gauge.load(std::memory_order_relaxed); }
 
 private:
-    // relaxed: every write happens under m_mutex, and every read that decides
-    // anything happens under it too; the observers only want a snapshot.
-    static std::size_t load(const std::atomic<std::size_t>& counter) noexcept {
-        return counter.load(std::memory_order_relaxed);
-    }
-    static void store(std::atomic<std::size_t>& counter, std::size_t value) noexcept {
-        counter.store(value, std::memory_order_relaxed);
+    /// m_mutex, held for a critical section that may change what the gauges
+    /// show: publishes them on the way out (before the mutex is let go), and
+    /// before a wait lets go of it. A section that changes none of it may
+    /// take a plain lock.
+    class state_lock {
+    public:
+        explicit state_lock(pool_core& core) : m_core(core), m_lock(core.m_mutex) {}
+        state_lock(const state_lock&) = delete;
+        state_lock& operator=(const state_lock&) = delete;
+        ~state_lock() { m_core.publish_locked(); }  // the members, m_lock too, are destroyed after this
+
+        /// Waits on `wake` until it is notified or `at`, publishing first:
+        /// the mutex is let go meanwhile.
+        void wait_until(std::condition_variable& wake, clock::time_point at) {
+            m_core.publish_locked();
+            wake.wait_until(m_lock, at);
+        }
+
+    private:
+        pool_core& m_core;
+        std::unique_lock<std::mutex> m_lock;
+    };
+
+    /// Open or being opened: idle + in use + opening; at most max_size.
+    [[nodiscard]] std::size_t size_locked() const noexcept { return m_idle.size() + m_in_use + m_opening; }
+
+    /// Copies the state under the mutex to the gauges the observers read;
+    /// the only writer of them (state_lock calls it).
+    void publish_locked() noexcept {
+        m_size_gauge.store(size_locked(), std::memory_order_relaxed);
+        m_idle_gauge.store(m_idle.size(), std::memory_order_relaxed);
+        m_in_use_gauge.store(m_in_use, std::memory_order_relaxed);
+        m_waiting_gauge.store(m_waiting, std::memory_order_relaxed);
     }
 
     static std::vector<std::string> collect_secrets(const std::string& conninfo) {
@@ -303,10 +338,11 @@ private:
         return longest_first(std::move(secrets));
     }
 
-    void reserve_slot_locked() noexcept { store(m_size, load(m_size) + 1); }
+    /// A slot for the caller to open a connection in (connect_in_slot).
+    void reserve_slot_locked() noexcept { ++m_opening; }
 
     [[nodiscard]] bool can_open_locked(clock::time_point now) const noexcept {
-        return load(m_size) < m_options.max_size && now >= m_retry_at;
+        return size_locked() < m_options.max_size && now >= m_retry_at;
     }
 
     /// The idle connection for the calling thread at `now`: the one it
@@ -314,12 +350,11 @@ private:
     /// returned and came back less than affinity_horizon ago, otherwise the
     /// most recently returned. A thread that keeps talking to one backend
     /// keeps the pair's wake-ups on warm caches: with connections passed
-    /// around among four threads, the gate's closed-loop throughput on a write
-    /// transaction was 13 to 16 % lower on two cores
-    /// (docs/performance.md, "The default path"). The horizon keeps light
-    /// load on the few most recently used connections, as before, so that
-    /// idle_timeout still retires the rest. The others keep their order
-    /// (oldest first, for retirement).
+    /// around among threads, the gate's closed-loop throughput on a write
+    /// transaction was lower (the figures: docs/performance.md, "The default
+    /// path"). The horizon keeps light load on the few most recently used
+    /// connections, as before, so that idle_timeout still retires the rest.
+    /// The others keep their order (oldest first, for retirement).
     std::unique_ptr<pooled_connection> take_idle_locked(clock::time_point now) noexcept {
         if (m_idle.empty()) {
             return nullptr;
@@ -338,8 +373,7 @@ private:
         }
         std::unique_ptr<pooled_connection> connection = std::move(m_idle.back());
         m_idle.pop_back();
-        store(m_idle_count, load(m_idle_count) - 1);
-        store(m_in_use, load(m_in_use) + 1);
+        ++m_in_use;
         return connection;
     }
 
@@ -349,9 +383,19 @@ private:
         }
     }
 
+    /// Links `node` into the queue: as the oldest when it keeps its turn.
+    void join_queue_locked(pool_waiter& node, bool at_front) noexcept {
+        if (at_front) {
+            m_queue.push_front(node);
+        } else {
+            m_queue.push_back(node);
+        }
+        ++m_waiting;
+    }
+
     void leave_queue_locked(pool_waiter& node) noexcept {
         m_queue.remove(node);
-        store(m_waiting, load(m_waiting) - 1);
+        --m_waiting;
         wake_oldest_locked();  // the new oldest waiter may be able to act now
     }
 
@@ -383,13 +427,11 @@ private:
                 m_options.max_lifetime.count() > 0 && elapsed_ms(candidate.opened_at, now) >= m_options.max_lifetime;
             const bool idle_too_long = m_options.idle_timeout.count() > 0 &&
                                        elapsed_ms(candidate.idle_since, now) >= m_options.idle_timeout &&
-                                       load(m_size) > m_options.min_idle;
+                                       size_locked() > m_options.min_idle;
             if (too_old || idle_too_long) {
                 count_close(too_old ? close_reason::lifetime : close_reason::idle);
                 retired.add(std::move(m_idle[index]));
                 m_idle.erase(m_idle.begin() + static_cast<std::ptrdiff_t>(index));
-                store(m_idle_count, load(m_idle_count) - 1);
-                store(m_size, load(m_size) - 1);
                 freed = true;
             } else {
                 ++index;
@@ -413,7 +455,7 @@ private:
             const std::lock_guard lock(m_mutex);
             node.wake.notify_one();
         });
-        std::unique_lock lock(m_mutex);
+        state_lock lock(*this);
         if (stop.stop_requested()) {
             throw admission_cancelled();
         }
@@ -432,12 +474,7 @@ private:
                 return nullptr;
             }
         }
-        if (at_front) {
-            m_queue.push_front(node);
-        } else {
-            m_queue.push_back(node);
-        }
-        store(m_waiting, load(m_waiting) + 1);
+        join_queue_locked(node, at_front);
         const queue_exit exit(*this, node);
         for (;;) {
             // A hand-over is checked first: it wins over a timeout that raced
@@ -470,17 +507,17 @@ private:
                 throw pool_timeout(timeout_message_locked(start, until));
             }
             auto wake_at = until;
-            if (oldest && load(m_size) < m_options.max_size && m_retry_at < wake_at) {
+            if (oldest && size_locked() < m_options.max_size && m_retry_at < wake_at) {
                 wake_at = m_retry_at;  // the oldest waiter retries after the back-off
             }
-            node.wake.wait_until(lock, wake_at);
+            lock.wait_until(node.wake, wake_at);
         }
     }
 
     [[nodiscard]] std::string timeout_message_locked(clock::time_point start, clock::time_point until) const {
         std::string message = "db pool: no connection within " + std::to_string(elapsed_ms(start, until).count()) +
                               " ms (max_size " + std::to_string(m_options.max_size) + ", in use " +
-                              std::to_string(load(m_in_use)) + ")";
+                              std::to_string(m_in_use) + ")";
         if (!m_last_error.empty() && m_last_error_at >= start) {
             message += "; last connection error: " + m_last_error;
         }
@@ -565,85 +602,133 @@ private:
         std::string error;
         try {
             auto record = std::make_unique<pooled_connection>();
-            record->connection = pqxx_compat::open_connection(connect_string(m_target, until - clock::now()));
-            if (m_options.on_connect) {
-                if (m_hooks_off.load(std::memory_order_acquire)) {
-                    throw std::runtime_error("bulkhead::pqxx_pool: the pool is gone");
-                }
-                m_options.on_connect(*record->connection);
-            }
-            record->handle = pqxx_compat::native_handle(*record->connection);
-            if (record->handle == nullptr || !watch_transaction_block(record->handle, record->guard)) {
-                throw std::runtime_error("bulkhead::pqxx_pool: libpq's handle of the new connection is not usable");
-            }
-            record->backend_pid = record->connection->backendpid();
-            record->server_version = PQserverVersion(record->handle);
-            // Which server it reached, for a lost COMMIT's lookup
-            // (commit_origin.hpp), in one round trip bounded as a validation
-            // is. A server that cannot say (before PostgreSQL 10, or its
-            // functions not granted) leaves it unknown: its lost COMMITs are
-            // then commit_unknown. A connection that did not answer, or that
-            // libpq still finds busy, is not used.
-            if (std::optional<server_place> place =
-                    read_server_place(record->handle, saturating_add(clock::now(), m_options.validation_timeout))) {
-                record->place = std::move(*place);
-            } else if (PQstatus(record->handle) != CONNECTION_OK ||
-                       PQtransactionStatus(record->handle) != PQTRANS_IDLE) {
-                throw std::runtime_error(
-                    "bulkhead::pqxx_pool: the new connection did not answer which server it "
-                    "reached within validation_timeout: " +
-                    one_line(PQerrorMessage(record->handle)));
-            }
-            record->cancel = std::make_shared<cancel_request>(record->handle);
-            record->watch_socket.watch(PQsocket(record->handle));
-            std::string restore;
-            if (m_options.on_connect && m_options.reset_session) {
-                pqxx::nontransaction read(*record->connection);
-                restore = read.exec(session_settings_query).at(0).at(0).c_str();
-            }
-            if (m_options.reset_session && !m_options.application_name.empty()) {
-                // RESET ALL puts application_name back to the server session's
-                // start-up value: the pool's on a direct connection, but behind
-                // a pooler such as PgBouncer the pooler's own (empty), and the
-                // pooler then keeps that for this client: set it again.
-                restore = with_application_name(record->handle, restore, m_options.application_name);
-            }
-            if (m_options.reset_session) {
-                record->commit_steps = reset_steps("COMMIT", restore);
-                record->rollback_statement = one_query(reset_steps("ROLLBACK", restore));
-                record->reset_statement = one_query(reset_steps("", restore));
-            } else {
-                record->commit_steps = {"COMMIT"};
-                record->rollback_statement = "ROLLBACK";
-                record->reset_statement.clear();
-            }
-            record->commit_statement = one_query(record->commit_steps);
-            record->asked_commit_statement =
-                std::string(xact_id_if_assigned(record->server_version)).append("; ").append(record->commit_statement);
-            record->opened_at = clock::now();
-            record->idle_since = record->opened_at;
-            const std::lock_guard lock(m_mutex);
-            store(m_in_use, load(m_in_use) + 1);
-            bump(m_opened);
-            m_backoff = clock::duration::zero();
-            m_retry_at = clock::time_point::min();
+            record->connection = connect(until);
+            prepare_record(*record);
+            build_statements(*record);
+            record_opened(*record);
             return record;
         } catch (const std::exception& failure) {
             try {
                 error = failure.what();
-            } catch (...) {  // out of memory: reported below
+            } catch (...) {  // out of memory: reported by record_failure
             }
         } catch (...) {
             error = "unknown error";
         }
+        record_failure(error);
+        return nullptr;
+    }
+
+    /// A new libpq connection to the target, within `until`, and on_connect
+    /// run on it, unless the pool is gone.
+    /// \throws what connecting or on_connect throws; std::runtime_error when
+    /// the pool is gone.
+    [[nodiscard]] std::unique_ptr<pqxx::connection> connect(clock::time_point until) const {
+        std::unique_ptr<pqxx::connection> connection =
+            pqxx_compat::open_connection(connect_string(m_target, until - clock::now()));
+        if (m_options.on_connect) {
+            if (m_hooks_off.load(std::memory_order_acquire)) {
+                throw std::runtime_error("bulkhead::pqxx_pool: the pool is gone");
+            }
+            m_options.on_connect(*connection);
+        }
+        return connection;
+    }
+
+    /// What the pool keeps of a new connection's libpq session: its handle
+    /// and statement guard, backend pid, server version, the server it
+    /// reached, its cancel key and the socket the watchdog shuts down.
+    /// \throws std::runtime_error when the handle is not usable or the
+    /// connection did not say which server it reached; what allocating throws.
+    void prepare_record(pooled_connection& record) const {
+        record.handle = pqxx_compat::native_handle(*record.connection);
+        if (record.handle == nullptr || !watch_transaction_block(record.handle, record.guard)) {
+            throw std::runtime_error("bulkhead::pqxx_pool: libpq's handle of the new connection is not usable");
+        }
+        record.backend_pid = record.connection->backendpid();
+        record.server_version = PQserverVersion(record.handle);
+        // Which server it reached, for a lost COMMIT's lookup
+        // (commit_origin.hpp), in one round trip bounded as a validation
+        // is. A server that cannot say (before PostgreSQL 10, or its
+        // functions not granted) leaves it unknown: its lost COMMITs are
+        // then commit_unknown. A connection that did not answer, or that
+        // libpq still finds busy, is not used.
+        if (std::optional<server_place> place =
+                read_server_place(record.handle, saturating_add(clock::now(), m_options.validation_timeout))) {
+            record.place = std::move(*place);
+        } else if (PQstatus(record.handle) != CONNECTION_OK || PQtransactionStatus(record.handle) != PQTRANS_IDLE) {
+            throw std::runtime_error(
+                "bulkhead::pqxx_pool: the new connection did not answer which server it "
+                "reached within validation_timeout: " +
+                one_line(PQerrorMessage(record.handle)));
+        }
+        record.cancel = std::make_shared<cancel_request>(record.handle);
+        record.watch_socket.watch(PQsocket(record.handle));
+    }
+
+    /// The statements that end a lease's transaction and reset its session
+    /// (with reset_session), made once per connection.
+    /// \throws what reading the session's settings or quoting throws.
+    void build_statements(pooled_connection& record) const {
+        if (m_options.reset_session) {
+            const std::string restore = restore_query(record);
+            record.commit_steps = reset_steps("COMMIT", restore);
+            record.rollback_statement = one_query(reset_steps("ROLLBACK", restore));
+            record.reset_statement = one_query(reset_steps("", restore));
+        } else {
+            record.commit_steps = {"COMMIT"};
+            record.rollback_statement = "ROLLBACK";
+            record.reset_statement.clear();
+        }
+        record.commit_statement = one_query(record.commit_steps);
+        record.asked_commit_statement =
+            std::string(xact_id_if_assigned(record.server_version)).append("; ").append(record.commit_statement);
+    }
+
+    /// With reset_session: what puts the session back after its RESET ALL,
+    /// the settings on_connect made (read from the session) and the
+    /// application_name; empty when there is nothing to put back.
+    [[nodiscard]] std::string restore_query(const pooled_connection& record) const {
+        std::string restore;
+        if (m_options.on_connect) {
+            pqxx::nontransaction read(*record.connection);
+            restore = read.exec(session_settings_query).at(0).at(0).c_str();
+        }
+        if (!m_options.application_name.empty()) {
+            // RESET ALL puts application_name back to the server session's
+            // start-up value: the pool's on a direct connection, but behind
+            // a pooler such as PgBouncer the pooler's own (empty), and the
+            // pooler then keeps that for this client: set it again.
+            restore = with_application_name(record.handle, restore, m_options.application_name);
+        }
+        return restore;
+    }
+
+    /// The new connection is ready: stamps it, counts it in use (its slot
+    /// was opening) and ends any back-off.
+    void record_opened(pooled_connection& record) {
+        record.opened_at = clock::now();
+        record.idle_since = record.opened_at;
+        const state_lock lock(*this);
+        --m_opening;
+        ++m_in_use;
+        bump(m_opened);
+        m_backoff = clock::duration::zero();
+        m_retry_at = clock::time_point::min();
+    }
+
+    /// The attempt failed with `error`: gives its slot back, records the
+    /// error scrubbed of passwords, and backs off (doubling, within bounds)
+    /// before the next attempt.
+    void record_failure(const std::string& error) noexcept {
         std::string reported;
         try {
             reported = one_line(scrub(error, m_secrets));
         } catch (...) {
             reported = "(the error message could not be processed)";
         }
-        const std::lock_guard lock(m_mutex);
-        store(m_size, load(m_size) - 1);
+        const state_lock lock(*this);
+        --m_opening;
         bump(m_connect_failures);
         const auto now = clock::now();
         m_last_error = std::move(reported);
@@ -651,7 +736,6 @@ private:
         m_backoff = std::clamp<clock::duration>(m_backoff * 2, std::chrono::milliseconds(25), std::chrono::seconds(1));
         m_retry_at = now + m_backoff;
         wake_oldest_locked();  // it adopts the back-off (or opens, once it is over)
-        return nullptr;
     }
 
     /// Outside the mutex, for a connection just taken from the idle list:
@@ -778,11 +862,16 @@ private:
     std::string m_last_error;                                      // guarded by m_mutex; scrubbed
     clock::time_point m_last_error_at = clock::time_point::min();  // guarded by m_mutex
 
-    // Written only under m_mutex; read there, or relaxed by the observers.
-    std::atomic<std::size_t> m_size{0};        // open or being opened (idle + in use + opening)
-    std::atomic<std::size_t> m_idle_count{0};  // m_idle.size()
-    std::atomic<std::size_t> m_in_use{0};      // in leases (or being checked on borrow)
-    std::atomic<std::size_t> m_waiting{0};     // nodes in m_queue
+    std::size_t m_waiting = 0;  // guarded by m_mutex; nodes in m_queue (join_queue_locked, leave_queue_locked)
+    std::size_t m_in_use = 0;   // guarded by m_mutex; in leases (or being checked on borrow)
+    std::size_t m_opening = 0;  // guarded by m_mutex; slots reserved for a connection being opened
+
+    // The gauges: written only by publish_locked(), under m_mutex; read
+    // relaxed by the observers.
+    std::atomic<std::size_t> m_size_gauge{0};     // size_locked()
+    std::atomic<std::size_t> m_idle_gauge{0};     // m_idle.size()
+    std::atomic<std::size_t> m_in_use_gauge{0};   // m_in_use
+    std::atomic<std::size_t> m_waiting_gauge{0};  // m_waiting
 
     // Statistics: relaxed counters, written anywhere.
     std::atomic<std::uint64_t> m_opened{0};
