@@ -123,88 +123,34 @@ inline asio::io_context& queue_wait_clock() {
     return clock.context();
 }
 
-/// The parts of a gate that the asynchronous front end uses.
+/// What the asynchronous front end uses of a gate: its admission core
+/// (detail/gate_core.hpp, the same members the blocking path calls), the
+/// checks of a call, and the pool path for a call admitted elsewhere.
 struct async_access {
-    template <class Gate>
-    using times_t = admission_times;
-    template <class Gate>
-    using limit_t = permit_wait_limit;
     /// What the callback receives.
     template <class Gate>
     using work_arg_t = decltype(*std::declval<typename Gate::pool_type::transaction&>());
 
+    template <class Gate>
+    static gate_core& core(Gate& gate) noexcept {
+        return gate.m_core;
+    }
+    template <class Gate>
+    static admission_request request(const typename Gate::options& call) noexcept {
+        return Gate::request(call);
+    }
     template <class Gate, class Work>
     static void check_call(Gate& gate, const typename Gate::options& call, const Work& work) {
         Gate::check_callable(work);
         if (call.queue_wait < call.queue_wait.zero()) {
             throw std::invalid_argument("bulkhead::db_bulkhead: queue_wait must not be negative");
         }
-        gate.m_core.m_workers.start();
+        gate.m_core.workers().start();
         (void)queue_wait_clock();  // started here, where a failure can still be thrown
-    }
-    template <class Gate>
-    static auto take_slot(Gate& gate, const typename Gate::options& call) {
-        return gate.take_any_slot(call);
-    }
-    /// A permit now, for a call of `limit`'s class, if one is free to take.
-    template <class Gate>
-    static bool try_acquire(Gate& gate, const limit_t<Gate>& limit) noexcept {
-        return limit.workload >= 0 ? gate.m_core.m_classes->try_acquire(limit.workload)
-                                   : gate.m_core.m_running.try_acquire();
-    }
-    /// A permit now, or `node` queued for one (with its class's waiters).
-    template <class Gate>
-    static bool acquire_or_enqueue(Gate& gate, const limit_t<Gate>& limit, fifo_semaphore::async_node& node) noexcept {
-        return limit.workload >= 0 ? gate.m_core.m_classes->acquire_or_enqueue(limit.workload, node)
-                                   : gate.m_core.m_running.acquire_or_enqueue(node);
-    }
-    /// Takes a queued `node` out, unless a grant has reached it.
-    template <class Gate>
-    static bool cancel(Gate& gate, const limit_t<Gate>& limit, fifo_semaphore::async_node& node) noexcept {
-        return limit.workload >= 0 ? gate.m_core.m_classes->cancel(limit.workload, node)
-                                   : gate.m_core.m_running.cancel(node);
-    }
-    template <class Gate>
-    static work_threads& workers(Gate& gate) noexcept {
-        return gate.m_core.m_workers;
-    }
-    template <class Gate>
-    static void no_permit_free(Gate& gate, const limit_t<Gate>& limit) noexcept {
-        gate.m_core.no_permit_free(limit.workload);
-    }
-    template <class Gate>
-    static void release_slot(Gate& gate, const limit_t<Gate>& limit) noexcept {
-        gate.release_slot(limit);
-    }
-    template <class Gate>
-    static reject_reason refuse_after_slot(Gate& gate, wait_status waited, const limit_t<Gate>& limit) noexcept {
-        return gate.refuse_after_slot(waited, limit);
-    }
-    template <class Gate>
-    static bool deadline_unreachable(const Gate& gate, const typename Gate::options& call,
-                                     const limit_t<Gate>& limit) noexcept {
-        return gate.deadline_unreachable(call, limit);
-    }
-    template <class Gate>
-    static reject_reason refuse_unreachable_deadline(Gate& gate, const limit_t<Gate>& limit) noexcept {
-        return gate.refuse_unreachable_deadline(limit);
-    }
-    /// The retry delay a rejection of a call of `workload` (-1: none) carries.
-    template <class Gate>
-    static std::chrono::milliseconds retry_delay(const Gate& gate, int workload) noexcept {
-        return gate.retry_delay(workload);
-    }
-    template <class Gate>
-    static int class_of(const Gate& gate, const typename Gate::options& call) noexcept {
-        return gate.class_of(call);
-    }
-    template <class Gate>
-    static void record_permit_wait(Gate& gate, const times_t<Gate>& times, const limit_t<Gate>& limit) noexcept {
-        gate.record_permit_wait(limit, times.permitted - times.admitted);
     }
     template <class Gate, class Work>
     static decltype(auto) run_adopted(Gate& gate, const typename Gate::options& call, Work& work,
-                                      const times_t<Gate>& times, bool* started) {
+                                      const admission_times& times, bool* started) {
         return gate.run_adopted(call, work, times, started);
     }
 };
@@ -254,18 +200,18 @@ public:
     using value_type = std::invoke_result_t<Work&, async_access::work_arg_t<Gate>>;
     using executor_type = asio::associated_executor_t<Handler>;
     using allocator_type = asio::associated_allocator_t<Handler>;
-    using times_type = async_access::times_t<Gate>;
-    using limit_type = async_access::limit_t<Gate>;
+    using times_type = admission_times;
+    using limit_type = permit_wait_limit;
 
     /// Starts a call: admission now (a rejection is posted at once), then
     /// the permit now or the queue.
     static void start(Gate& gate, const options& call, Work&& work, std::exception_ptr* failure, Handler&& handler) {
-        auto limit = async_access::take_slot(gate, call);
+        auto limit = async_access::core(gate).take_slot(async_access::request<Gate>(call));
         if (!limit) {
             std::exception_ptr rejection;
             if (failure != nullptr) {
-                rejection =
-                    make_rejection(limit.error(), async_access::retry_delay(gate, async_access::class_of(gate, call)));
+                rejection = make_rejection(limit.error(), async_access::core(gate).retry_delay(
+                                                              async_access::core(gate).class_of(call.workload)));
             }
             post_rejection(std::move(handler), make_error_code(limit.error()), failure, std::move(rejection));
             return;
@@ -276,13 +222,15 @@ public:
         try {
             self = create(gate, call, std::move(work), failure, std::move(handler), times, *limit);
         } catch (...) {
-            async_access::release_slot(gate, *limit);  // nothing else was taken
+            async_access::core(gate).release_slot(*limit);  // nothing else was taken
             throw;
         }
         self->enter_queue();
     }
 
 private:
+    [[nodiscard]] gate_core& core() noexcept { return async_access::core(m_gate); }
+
     using queue_timer = asio::steady_timer;
     using operation_allocator =
         typename std::allocator_traits<allocator_type>::template rebind_alloc<transaction_operation>;
@@ -405,11 +353,11 @@ private:
     /// \note noexcept: a failure to allocate the timer's wait here (after
     /// the slot was taken and the handler moved in) terminates.
     void enter_queue() noexcept {
-        if (async_access::try_acquire(m_gate, m_limit)) {
+        if (core().try_acquire(m_limit)) {
             schedule_work();
             return;
         }
-        async_access::no_permit_free(m_gate, m_limit);
+        core().no_permit_free(m_limit.workload);
         if (m_stop.stop_requested()) {
             finish_waiting(wait_status::cancelled);
             return;
@@ -418,9 +366,9 @@ private:
             finish_waiting(wait_status::timed_out);
             return;
         }
-        if (async_access::deadline_unreachable(m_gate, m_call, m_limit)) {
+        if (core().deadline_unreachable(async_access::request<Gate>(m_call), m_limit)) {
             // It would wait only to fail: refused now, no wait recorded.
-            refuse(async_access::refuse_unreachable_deadline(m_gate, m_limit));
+            refuse(core().refuse_unreachable_deadline(m_limit));
             post_completion();
             return;
         }
@@ -437,7 +385,7 @@ private:
             }
         }
         m_leave_on_stop.emplace(m_stop.get_token(), leave_on_stop{this});
-        if (async_access::acquire_or_enqueue(m_gate, m_limit, *this)) {
+        if (core().acquire_or_enqueue(m_limit, *this)) {
             m_times.permitted = Gate::clock::now();
             schedule_work();
         } else if (m_stop.stop_requested()) {
@@ -483,15 +431,15 @@ private:
     static void on_granted(fifo_semaphore::async_node& node) noexcept {
         auto& self = static_cast<transaction_operation&>(node);
         self.m_times.permitted = Gate::clock::now();
-        async_access::workers(self.m_gate).push(self);
+        self.core().workers().push(self);
     }
 
-    void schedule_work() noexcept { async_access::workers(m_gate).push(*this); }
+    void schedule_work() noexcept { core().workers().push(*this); }
 
     /// A timeout or a stop while queued: if the node is still queued, the
     /// call ends here without a permit; otherwise a grant is on its way.
     void leave_queue(wait_status why) noexcept {
-        if (async_access::cancel(m_gate, m_limit, *this)) {
+        if (core().cancel(m_limit, *this)) {
             finish_waiting(why);
         }
     }
@@ -501,8 +449,8 @@ private:
     void finish_waiting(wait_status why) noexcept {
         cancel_timer();
         m_times.permitted = Gate::clock::now();
-        async_access::record_permit_wait(m_gate, m_times, m_limit);
-        refuse(async_access::refuse_after_slot(m_gate, why, m_limit));
+        core().record_permit_wait(m_limit, m_times.permitted - m_times.admitted);
+        refuse(core().refuse_after_slot(why, m_limit));
         post_completion();
     }
 
@@ -512,7 +460,7 @@ private:
     void refuse(reject_reason reason) noexcept {
         m_code = make_error_code(reason);
         if (m_failure_out != nullptr) {
-            m_failure = make_rejection(reason, async_access::retry_delay(m_gate, m_limit.workload));
+            m_failure = make_rejection(reason, core().retry_delay(m_limit.workload));
         }
     }
 
@@ -548,7 +496,7 @@ private:
         // timer go now.
         m_leave_on_stop.reset();
         cancel_timer();
-        async_access::record_permit_wait(m_gate, m_times, m_limit);
+        core().record_permit_wait(m_limit, m_times.permitted - m_times.admitted);
         bool started = false;
         try {
             if constexpr (std::is_void_v<value_type>) {

@@ -493,7 +493,7 @@ TEST_CASE("[F5] losing interest in the result (a destroyed future, a stopped eve
             // The permits come back before the completion is posted; the
             // context may go only once the work thread is done posting (a
             // stopped context does not wait for its outstanding work).
-            bulkhead_test::await([&] { return bulkhead::detail::async_access::workers(gate).idle() == 1; });
+            bulkhead_test::await([&] { return bulkhead::detail::async_access::core(gate).workers().idle() == 1; });
         }  // the io_context goes with the posted completion, and the coroutine frame with it
         CHECK_FALSE(resumed);
         CHECK(gate.available_slots() == 2);
