@@ -42,7 +42,7 @@ int main() {
         }});
         std::cout << bulkhead::describe_workloads(plan, permits);
         bulkhead::pqxx_pool pool({.conninfo = url, .max_size = permits, .application_name = "bulkhead-workloads"});
-        bulkhead::db_bulkhead gate(pool, permits, plan);
+        bulkhead::db_bulkhead gate(pool, {.concurrent = permits, .workloads = plan});
         const bulkhead::workload_id interactive = gate.workload("interactive");
         const bulkhead::workload_id batch = gate.workload("batch");
 

@@ -60,11 +60,11 @@ void gate_classes_enter_leave(benchmark::State& state) {
     if (state.thread_index() == 0) {
         // One permit more than the plain gate's: interactive's reservation;
         // batch has the rest (range(0) shared permits).
-        g_classed_gate.emplace(g_pool, static_cast<int>(state.range(0)) + 1,
-                               bulkhead::workload_plan{{
-                                   {.name = "interactive", .reserved = 1, .queue = 64},
-                                   {.name = "batch", .queue = 64},
-                               }});
+        g_classed_gate.emplace(g_pool, bulkhead::gate_settings{.concurrent = static_cast<int>(state.range(0)) + 1,
+                                                               .workloads = bulkhead::workload_plan{{
+                                                                   {.name = "interactive", .reserved = 1, .queue = 64},
+                                                                   {.name = "batch", .queue = 64},
+                                                               }}});
     }
     const gate_type::options call{.workload = g_classed_gate->workload("batch")};
     for (auto _ : state) {

@@ -126,10 +126,9 @@ private:
     using gate_type = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
 
     static gate_type make_gate(bulkhead::pqxx_pool& pool, int permits, bool adaptive, const settings& config) {
-        if (adaptive) {
-            return gate_type(pool, permits, 64, config.adaptive);
-        }
-        return gate_type(pool, permits, 64);
+        return gate_type(pool, {.concurrent = permits,
+                                .extra_slots = 64,
+                                .adaptive = adaptive ? std::optional(config.adaptive) : std::nullopt});
     }
 
     std::string m_name;

@@ -216,7 +216,7 @@ int main(int argc, char** argv) {
                     {.name = "interactive", .reserved = s.reserved, .queue = 2 * s.concurrent, .priority = 1},
                     {.name = "batch", .queue = 2 * s.concurrent},
                 }};
-                gate_t gate(pool, s.concurrent, plan);
+                gate_t gate(pool, {.concurrent = s.concurrent, .workloads = plan});
                 results.push_back(
                     run_arm(s, "classes", gate, gate.workload("interactive"), gate.workload("batch"), batch_callers));
             }

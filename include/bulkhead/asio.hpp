@@ -135,10 +135,6 @@ struct async_access {
     static gate_core& core(Gate& gate) noexcept {
         return gate.m_core;
     }
-    template <class Gate>
-    static admission_request request(const typename Gate::options& call) noexcept {
-        return Gate::request(call);
-    }
     template <class Gate, class Work>
     static void check_call(Gate& gate, const typename Gate::options& call, const Work& work) {
         Gate::check_callable(work);
@@ -206,7 +202,7 @@ public:
     /// Starts a call: admission now (a rejection is posted at once), then
     /// the permit now or the queue.
     static void start(Gate& gate, const options& call, Work&& work, std::exception_ptr* failure, Handler&& handler) {
-        auto limit = async_access::core(gate).take_slot(async_access::request<Gate>(call));
+        auto limit = async_access::core(gate).take_slot(call);
         if (!limit) {
             std::exception_ptr rejection;
             if (failure != nullptr) {
@@ -366,7 +362,7 @@ private:
             finish_waiting(wait_status::timed_out);
             return;
         }
-        if (core().deadline_unreachable(async_access::request<Gate>(m_call), m_limit)) {
+        if (core().deadline_unreachable(m_call, m_limit)) {
             // It would wait only to fail: refused now, no wait recorded.
             refuse(core().refuse_unreachable_deadline(m_limit));
             post_completion();

@@ -797,7 +797,9 @@ TEST_CASE(
     "[unit][async][G7][adaptive]") {
     fake_pool pool;
     constexpr int ceiling = 6;
-    gate_t gate(pool, ceiling, 64, bulkhead::adaptive_options{.floor = 1, .interval = 20ms});
+    gate_t gate(pool, {.concurrent = ceiling,
+                       .extra_slots = 64,
+                       .adaptive = bulkhead::adaptive_options{.floor = 1, .interval = 20ms}});
     std::atomic<int> inside{0};
     std::atomic<int> most{0};
     std::atomic<int> cost_ms{1};  // the work's duration: the "database" slows down and recovers
@@ -886,7 +888,7 @@ TEST_CASE(
         bulkhead::workload_class{.name = "interactive", .reserved = 1, .queue = 4},
         bulkhead::workload_class{.name = "batch", .queue = 4, .queue_wait = 20ms, .priority = 5},
     }};
-    gate_t gate(pool, 2, plan);
+    gate_t gate(pool, {.concurrent = 2, .workloads = plan});
     const bulkhead::workload_id interactive = gate.workload("interactive");
     const bulkhead::workload_id batch = gate.workload("batch");
     io_thread io;

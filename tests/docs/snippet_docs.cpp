@@ -71,7 +71,7 @@ struct log_observer {
     void on_rollback_failed(std::exception_ptr /*failure*/) noexcept { /* log: the connection was discarded */ }
 };
 bulkhead::pqxx_pool pool({.conninfo = url, .on_close = [](bulkhead::close_reason /*why*/) { /* log the discard */ }});
-bulkhead::db_bulkhead<bulkhead::pqxx_pool, log_observer> gate(pool, 16, 32, log_observer{});
+bulkhead::db_bulkhead<bulkhead::pqxx_pool, log_observer> gate(pool, {.concurrent = 16, .extra_slots = 32}, log_observer{});
 }  // snippet-context
 }  // namespace observability  // snippet-context
 
@@ -157,7 +157,7 @@ const bulkhead::workload_plan plan{{
     {.name = "interactive", .reserved = 4, .queue = 32, .priority = 10},
     {.name = "batch", .ceiling = 6, .queue = 4, .queue_wait = 2s},
 }};
-bulkhead::db_bulkhead gate(pool, /*B=*/10, plan);
+bulkhead::db_bulkhead gate(pool, {.concurrent = 10, .workloads = plan});
 
 const bulkhead::workload_id batch = gate.workload("batch");   // once, at start-up
 gate.transaction({.queue_wait = 30s, .workload = batch}, nightly_rollup);  // waits at most 2 s
@@ -174,7 +174,7 @@ const std::optional<bulkhead::workload_plan> plan = bulkhead::workloads_from_env
 if (plan) {
     std::clog << bulkhead::describe_workloads(*plan, /*B=*/10);  // throws what the gate would refuse
 }
-bulkhead::db_bulkhead gate(pool, 10, plan.value_or(built_in_plan));
+bulkhead::db_bulkhead gate(pool, {.concurrent = 10, .workloads = plan.value_or(built_in_plan)});
 }  // snippet-context
 }  // namespace workloads  // snippet-context
 
@@ -184,7 +184,7 @@ bulkhead::db_bulkhead gate(pool, 10, plan.value_or(built_in_plan));
 namespace adaptive {  // snippet-context
 void adaptive_md(const bulkhead::pqxx_pool_options& options) {  // snippet-context
 bulkhead::pqxx_pool pool(options);
-bulkhead::db_bulkhead gate(pool, /*B*/ 16, /*Q*/ 64, bulkhead::adaptive_options{.floor = 2});
+bulkhead::db_bulkhead gate(pool, {.concurrent = 16, .extra_slots = 64, .adaptive = bulkhead::adaptive_options{.floor = 2}});
 
 const int limit = gate.limit();                                  // the permits in circulation now, in [floor, B]
 const bulkhead::limit_reason why = gate.stats().limit_reason;    // why it last changed

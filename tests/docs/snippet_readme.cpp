@@ -36,10 +36,10 @@ if (!total) {
 }  // snippet-context
 
 void readme_workloads(bulkhead::pqxx_pool& pool) {  // snippet-context
-bulkhead::db_bulkhead gate(pool, /*B=*/10, bulkhead::workload_plan{{
+bulkhead::db_bulkhead gate(pool, {.concurrent = 10, .workloads = bulkhead::workload_plan{{
     {.name = "interactive", .reserved = 4, .queue = 32, .priority = 10},   // 4 permits nobody else takes
     {.name = "batch", .ceiling = 6, .queue = 4, .queue_wait = 2s},         // never more than 6 at once
-}});
+}}});
 const bulkhead::workload_id batch = gate.workload("batch");                // once, at start-up
 gate.transaction({.queue_wait = 30s, .workload = batch}, nightly_rollup);
 }  // snippet-context

@@ -111,7 +111,8 @@ void slow_down_and_recover(const std::string& name, const std::string& statement
     auto monitor = outside_connection();
     prepare_table(monitor);
     bulkhead::pqxx_pool pool(pool_options(name, adaptive_permits));
-    bulkhead::db_bulkhead<bulkhead::pqxx_pool> gate(pool, adaptive_permits, 32, bulkhead::adaptive_options{.floor = 1});
+    bulkhead::db_bulkhead<bulkhead::pqxx_pool> gate(
+        pool, {.concurrent = adaptive_permits, .extra_slots = 32, .adaptive = bulkhead::adaptive_options{.floor = 1}});
     offered_load load(gate, statement);
     const int quiet = settled_limit(gate);
     INFO("quiet limit " << quiet << ", baseline " << gate.stats().latency_baseline.count() << " ns");
@@ -240,7 +241,8 @@ TEST_CASE(
     prepare_table(monitor);
     const std::string name = "bulkhead-g3-" + error.sqlstate;
     bulkhead::pqxx_pool pool(pool_options(name, adaptive_permits));
-    bulkhead::db_bulkhead<bulkhead::pqxx_pool> gate(pool, adaptive_permits, 32, bulkhead::adaptive_options{.floor = 1});
+    bulkhead::db_bulkhead<bulkhead::pqxx_pool> gate(
+        pool, {.concurrent = adaptive_permits, .extra_slots = 32, .adaptive = bulkhead::adaptive_options{.floor = 1}});
     auto quiet_load = std::make_unique<offered_load>(gate, "SELECT count(*) FROM bulkhead_adaptive, pg_sleep(0.002)");
     // The error rules need no baseline: a limit that the slow start has
     // taken past the floor has room to fall.

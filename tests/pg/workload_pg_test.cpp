@@ -106,7 +106,7 @@ TEST_CASE("[G2] against PostgreSQL, a batch class saturating its share leaves in
         bulkhead::workload_class{.name = "batch", .reserved = 0, .queue = 16},
     }};
     bulkhead::pqxx_pool pool(pool_options("bulkhead-workload-classes", permits));
-    gate_t gate(pool, permits, plan);
+    gate_t gate(pool, {.concurrent = permits, .workloads = plan});
     const run_figures classes = batch_against_interactive(gate, gate.workload("interactive"), gate.workload("batch"));
 
     bulkhead::pqxx_pool plain_pool(pool_options("bulkhead-workload-plain", permits));

@@ -628,31 +628,39 @@ TEST_CASE("[G6] the adaptive limit never exceeds the ceiling nor falls below the
 TEST_CASE("[G6] adaptive settings out of range are refused at construction, naming the setting", "[G6][adaptive]") {
     bulkhead_test::fake_pool pool;
     using gate_t = bulkhead::db_bulkhead<bulkhead_test::fake_pool>;
-    CHECK_THROWS_WITH([&] { gate_t gate(pool, 4, 0, adaptive_options{.floor = 5}); }(),
+    CHECK_THROWS_WITH([&] { gate_t gate(pool, {.concurrent = 4, .adaptive = adaptive_options{.floor = 5}}); }(),
                       Catch::Matchers::ContainsSubstring("floor must be in [1, B] (B is 4, floor 5)"));
-    CHECK_THROWS_WITH([&] { gate_t gate(pool, 4, 0, adaptive_options{.floor = 0}); }(),
+    CHECK_THROWS_WITH([&] { gate_t gate(pool, {.concurrent = 4, .adaptive = adaptive_options{.floor = 0}}); }(),
                       Catch::Matchers::ContainsSubstring("floor must be in [1, B]"));
-    CHECK_THROWS_WITH([&] { gate_t gate(pool, 4, 0, adaptive_options{.interval = 0ms}); }(),
+    CHECK_THROWS_WITH([&] { gate_t gate(pool, {.concurrent = 4, .adaptive = adaptive_options{.interval = 0ms}}); }(),
                       Catch::Matchers::ContainsSubstring("interval must be at least 1 ms"));
-    CHECK_THROWS_WITH([&] { gate_t gate(pool, 4, 0, adaptive_options{.tolerance = 1.0}); }(),
+    CHECK_THROWS_WITH([&] { gate_t gate(pool, {.concurrent = 4, .adaptive = adaptive_options{.tolerance = 1.0}}); }(),
                       Catch::Matchers::ContainsSubstring("tolerance must be a finite number above 1"));
-    CHECK_THROWS_WITH([&] { gate_t gate(pool, 4, 0, adaptive_options{.tolerance = 1.5, .headroom = 2.0}); }(),
-                      Catch::Matchers::ContainsSubstring("headroom must be in [1, tolerance]"));
-    CHECK_THROWS_WITH([&] { gate_t gate(pool, 4, 0, adaptive_options{.error_rate = 0.0}); }(),
-                      Catch::Matchers::ContainsSubstring("error_rate must be in (0, 1]"));
-    CHECK_THROWS_WITH([&] { gate_t gate(pool, 4, 0, adaptive_options{.min_samples = 0}); }(),
-                      Catch::Matchers::ContainsSubstring("min_samples must be at least 1"));
-    CHECK_THROWS_WITH([&] { gate_t gate(pool, 4, 0, adaptive_options{.throughput_tolerance = 1.2}); }(),
-                      Catch::Matchers::ContainsSubstring("throughput_tolerance must be a finite number of at least "
-                                                         "headroom"));
-    CHECK_THROWS_WITH([&] { gate_t gate(pool, 4, 0, adaptive_options{.queue_allowance = -1.0}); }(),
-                      Catch::Matchers::ContainsSubstring("queue_allowance must be a finite number of at least 0"));
     CHECK_THROWS_WITH(
         [&] {
-            gate_t gate(pool, 4, 0, adaptive_options{.queue_allowance = std::numeric_limits<double>::infinity()});
+            gate_t gate(pool, {.concurrent = 4, .adaptive = adaptive_options{.tolerance = 1.5, .headroom = 2.0}});
+        }(),
+        Catch::Matchers::ContainsSubstring("headroom must be in [1, tolerance]"));
+    CHECK_THROWS_WITH([&] { gate_t gate(pool, {.concurrent = 4, .adaptive = adaptive_options{.error_rate = 0.0}}); }(),
+                      Catch::Matchers::ContainsSubstring("error_rate must be in (0, 1]"));
+    CHECK_THROWS_WITH([&] { gate_t gate(pool, {.concurrent = 4, .adaptive = adaptive_options{.min_samples = 0}}); }(),
+                      Catch::Matchers::ContainsSubstring("min_samples must be at least 1"));
+    CHECK_THROWS_WITH(
+        [&] { gate_t gate(pool, {.concurrent = 4, .adaptive = adaptive_options{.throughput_tolerance = 1.2}}); }(),
+        Catch::Matchers::ContainsSubstring("throughput_tolerance must be a finite number of at least "
+                                           "headroom"));
+    CHECK_THROWS_WITH(
+        [&] { gate_t gate(pool, {.concurrent = 4, .adaptive = adaptive_options{.queue_allowance = -1.0}}); }(),
+        Catch::Matchers::ContainsSubstring("queue_allowance must be a finite number of at least 0"));
+    CHECK_THROWS_WITH(
+        [&] {
+            gate_t gate(pool,
+                        {.concurrent = 4,
+                         .adaptive = adaptive_options{.queue_allowance = std::numeric_limits<double>::infinity()}});
         }(),
         Catch::Matchers::ContainsSubstring("queue_allowance must be a finite number of at least 0"));
-    const gate_t fixed(pool, 4, 0, adaptive_options{.floor = 4});  // floor == B: legal, and fixed in effect
+    const gate_t fixed(
+        pool, {.concurrent = 4, .adaptive = adaptive_options{.floor = 4}});  // floor == B: legal, and fixed in effect
     CHECK(fixed.limit() == 4);
     CHECK(fixed.adaptive());
 }
@@ -850,7 +858,8 @@ TEST_CASE("[G7] an adaptive gate whose limit falls and rises with waiters queued
           "[G7][adaptive]") {
     bulkhead_test::fake_pool pool;
     constexpr int ceiling = 6;
-    adaptive_fake_gate gate(pool, ceiling, 64, adaptive_options{.floor = 1, .interval = 20ms});
+    adaptive_fake_gate gate(
+        pool, {.concurrent = ceiling, .extra_slots = 64, .adaptive = adaptive_options{.floor = 1, .interval = 20ms}});
     const int most = exercise_fall_and_rise(gate, 1, [&] { return gate.limit(); });
     const bulkhead::gate_stats stats = gate.stats();
     INFO("changes " << stats.limit_changes);
@@ -865,7 +874,8 @@ TEST_CASE("[G7] an adaptive gate with workload classes moves only the shared per
         bulkhead::workload_class{.name = "interactive", .reserved = 1, .queue = 32},
         bulkhead::workload_class{.name = "batch", .reserved = 1, .queue = 32, .priority = 1},
     }};
-    adaptive_fake_gate gate(pool, ceiling, plan, adaptive_options{.floor = 2, .interval = 20ms});
+    adaptive_fake_gate gate(
+        pool, {.concurrent = ceiling, .workloads = plan, .adaptive = adaptive_options{.floor = 2, .interval = 20ms}});
     CHECK(gate.limit() == 2);  // it starts at the floor: the reservations
     const int most = exercise_fall_and_rise(gate, 2, [&] { return gate.limit(); });
     const bulkhead::gate_stats stats = gate.stats();
@@ -886,7 +896,7 @@ TEST_CASE("[G7] a class whose ceiling adapts falls and rises with its own calls,
         bulkhead::workload_class{.name = "interactive", .reserved = 2, .queue = 8},
         bulkhead::workload_class{.name = "batch", .ceiling = 6, .queue = 32, .adaptive_floor = 1},
     }};
-    adaptive_fake_gate gate(pool, concurrent, plan);
+    adaptive_fake_gate gate(pool, {.concurrent = concurrent, .workloads = plan});
     const auto batch_limit = [&] { return gate.stats().workloads[1].limit; };
     CHECK(batch_limit() == 1);  // it starts at its floor
     CHECK(gate.stats().workloads[1].adaptive);

@@ -118,7 +118,7 @@ TEST_CASE("a gate with workload classes adds per-class families labelled workloa
         bulkhead::workload_class{.name = "interactive", .reserved = 1, .queue = 2},
         bulkhead::workload_class{.name = "batch", .ceiling = 1, .queue = 0, .priority = 2},
     }};
-    bulkhead::db_bulkhead<fake_pool> gate(pool, 2, plan);
+    bulkhead::db_bulkhead<fake_pool> gate(pool, {.concurrent = 2, .workloads = plan});
     const bulkhead::workload_id batch = gate.workload("batch");
     gate.transaction({.workload = batch}, [](fake_pool::work&) {});
     // Read before the options are built, as in workload_test.cpp (a g++ 12 false warning).

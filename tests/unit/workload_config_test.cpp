@@ -504,7 +504,8 @@ TEST_CASE("[G10] describe refuses exactly what a gate of the same B refuses, wit
     };
     fake_pool pool;
     for (const bad_plan& bad : cases) {
-        const std::string by_gate = thrown_by([&] { const gate_t gate(pool, bad.concurrent, bad.plan); });
+        const std::string by_gate =
+            thrown_by([&] { const gate_t gate(pool, {.concurrent = bad.concurrent, .workloads = bad.plan}); });
         const std::string by_describe =
             thrown_by([&] { static_cast<void>(bulkhead::describe_workloads(bad.plan, bad.concurrent)); });
         CAPTURE(by_gate);
@@ -515,7 +516,8 @@ TEST_CASE("[G10] describe refuses exactly what a gate of the same B refuses, wit
     // checks B before its plan, in its own words.
     for (const int concurrent : {0, -1, int_min}) {
         const workload_plan plan{{workload_class{.name = "a"}}};
-        const std::string by_gate = thrown_by([&] { const gate_t gate(pool, concurrent, plan); });
+        const std::string by_gate =
+            thrown_by([&] { const gate_t gate(pool, {.concurrent = concurrent, .workloads = plan}); });
         const std::string by_describe =
             thrown_by([&] { static_cast<void>(bulkhead::describe_workloads(plan, concurrent)); });
         CAPTURE(by_gate, by_describe);

@@ -88,20 +88,32 @@ TEST_CASE("[G10] a gate refuses a plan whose reservations do not fit inside B, s
         workload_class{.name = "interactive", .reserved = 3},
         workload_class{.name = "batch", .reserved = 2},
     }};
-    REQUIRE_THROWS_MATCHES(gate_t(pool, 4, plan), std::invalid_argument,
+    REQUIRE_THROWS_MATCHES(gate_t(pool, {.concurrent = 4, .workloads = plan}), std::invalid_argument,
                            Catch::Matchers::Message("bulkhead workload plan: the reserved permits 3 (interactive) + 2 "
                                                     "(batch) = 5 do not fit inside B = 4"));
     // What fits exactly is accepted.
-    const gate_t fits(pool, 5, plan);
+    const gate_t fits(pool, {.concurrent = 5, .workloads = plan});
     CHECK(fits.concurrent() == 5);
     CHECK(fits.available() == 5);
+}
+
+TEST_CASE("[A1] a gate refuses Q beside a workload plan, naming the setting, and builds nothing", "[A1]") {
+    fake_pool pool;
+    REQUIRE_THROWS_MATCHES(
+        gate_t(pool, {.concurrent = 4, .extra_slots = 2, .workloads = interactive_and_batch()}), std::invalid_argument,
+        Catch::Matchers::Message("bulkhead::db_bulkhead: extra_slots (Q) is for a gate without workload classes; "
+                                 "with a plan, each class's queue sets its slots (leave extra_slots 0)"));
+    CHECK(pool.acquired == 0);
+    // The same settings without Q make the gate.
+    const gate_t gate(pool, {.concurrent = 4, .workloads = interactive_and_batch()});
+    CHECK(gate.has_workloads());
 }
 
 TEST_CASE("[G10] a plan is checked class by class, each refusal naming the class and the setting", "[G10]") {
     fake_pool pool;
     const auto refused = [&](const workload_plan& plan, const std::string& expected) {
         try {
-            const gate_t gate(pool, 4, plan);
+            const gate_t gate(pool, {.concurrent = 4, .workloads = plan});
         } catch (const std::invalid_argument& error) {
             const std::string message = error.what();
             CAPTURE(message);
@@ -131,7 +143,9 @@ TEST_CASE("[G10] a plan is checked class by class, each refusal naming the class
     refused(many, "17 classes; at most 16");
     // An adaptive floor below the reservations could not honour them.
     try {
-        const gate_t gate(pool, 4, interactive_and_batch(2), bulkhead::adaptive_options{.floor = 1});
+        const gate_t gate(pool, {.concurrent = 4,
+                                 .workloads = interactive_and_batch(2),
+                                 .adaptive = bulkhead::adaptive_options{.floor = 1}});
         FAIL("accepted a floor below the reservations");
     } catch (const std::invalid_argument& error) {
         CHECK(std::string(error.what()).find("the adaptive floor 1 is below the classes' reserved permits, 2") !=
@@ -141,7 +155,7 @@ TEST_CASE("[G10] a plan is checked class by class, each refusal naming the class
 
 TEST_CASE("[G10] a call names a class of its gate, or is refused as misuse", "[G10]") {
     fake_pool pool;
-    gate_t gate(pool, 4, interactive_and_batch());
+    gate_t gate(pool, {.concurrent = 4, .workloads = interactive_and_batch()});
     CHECK(gate.has_workloads());
     CHECK(gate.workload("interactive") == workload_id{0});
     CHECK(gate.workload("batch") == workload_id{1});
@@ -170,7 +184,7 @@ TEST_CASE("[G10] a call names a class of its gate, or is refused as misuse", "[G
 
 TEST_CASE("[G2] a class with waiters gets its reserved permits while another holds every shared one", "[G2]") {
     fake_pool pool;
-    gate_t gate(pool, 4, interactive_and_batch(2));
+    gate_t gate(pool, {.concurrent = 4, .workloads = interactive_and_batch(2)});
     const workload_id interactive = gate.workload("interactive");
     const workload_id batch = gate.workload("batch");
     holder held(gate);
@@ -222,7 +236,7 @@ TEST_CASE("[G2] a higher priority is served first for a shared permit, an older 
         workload_class{.name = "low_b", .queue = 4, .priority = 0},
         workload_class{.name = "high", .queue = 4, .priority = 5},
     }};
-    gate_t gate(pool, 1, plan);
+    gate_t gate(pool, {.concurrent = 1, .workloads = plan});
     holder held(gate);
     REQUIRE(held.take(gate.workload("low_a")));
 
@@ -261,7 +275,7 @@ TEST_CASE("[G2] a class at its ceiling waits though shared permits are free, and
         workload_class{.name = "interactive", .reserved = 1, .queue = 4},
         workload_class{.name = "batch", .ceiling = 1, .queue = 1, .queue_wait = 20ms},
     }};
-    gate_t gate(pool, 3, plan);
+    gate_t gate(pool, {.concurrent = 3, .workloads = plan});
     const workload_id batch = gate.workload("batch");
     holder held(gate);
     REQUIRE(held.take(batch));
@@ -304,7 +318,7 @@ TEST_CASE("[G2] a class at its ceiling waits though shared permits are free, and
 
 TEST_CASE("[G2] a stop ends a class's wait, and its slot and place go back", "[G2]") {
     fake_pool pool;
-    gate_t gate(pool, 1, workload_plan{{workload_class{.name = "only", .queue = 1}}});
+    gate_t gate(pool, {.concurrent = 1, .workloads = workload_plan{{workload_class{.name = "only", .queue = 1}}}});
     holder held(gate);
     REQUIRE(held.take(workload_id{0}));
     std::stop_source stop;
@@ -331,7 +345,7 @@ TEST_CASE("[G1] the calls running across classes never exceed B, nor a class its
         workload_class{.name = "batch", .reserved = 1, .ceiling = 2, .queue = 6},
         workload_class{.name = "reports", .reserved = 0, .ceiling = 2, .queue = 6, .queue_wait = 2ms},
     }};
-    gate_t gate(pool, concurrent, plan);
+    gate_t gate(pool, {.concurrent = concurrent, .workloads = plan});
     std::atomic<int> inside{0};
     std::array<std::atomic<int>, 3> inside_class{};
     std::atomic<int> most{0};
@@ -467,7 +481,7 @@ TEST_CASE("[G8] a class's expected queue wait and retry delay come from its own 
         workload_class{.name = "interactive", .reserved = 1, .ceiling = 1, .queue = 4},
         workload_class{.name = "batch", .ceiling = 1, .queue = 4},
     }};
-    gate_t gate(pool, 2, plan);
+    gate_t gate(pool, {.concurrent = 2, .workloads = plan});
     const workload_id interactive = gate.workload("interactive");
     const workload_id batch = gate.workload("batch");
     // Nothing known yet: no estimate, no delay.
