@@ -623,6 +623,41 @@ TEST_CASE("[F7] rejections complete with a bulkhead error code, and the throwing
     }
 }
 
+TEST_CASE("[F7] an observer hears each asynchronous rejection once, as the gate's counters count it", "[unit][async]") {
+    fake_pool pool;
+    bulkhead::db_bulkhead<fake_pool, bulkhead_test::recording_observer> gate(pool, 1, 1);
+    io_thread io;
+    bulkhead_test::blocker<decltype(gate)> busy(gate);  // the permit and one slot
+    auto work = [](fake_pool::work&) { return 1; };
+
+    outcome waited;  // takes the last slot, waits, times out
+    gate.async_transaction({.queue_wait = 200ms}, work, waited.handler());
+    outcome full;  // finds no slot
+    gate.async_transaction({}, work, full.handler());
+    std::stop_source stopped;
+    stopped.request_stop();
+    bulkhead_test::await([&] { return full.finished(); });
+    bulkhead_test::await([&] { return waited.finished(); });
+    outcome cancelled;  // stopped before it came
+    gate.async_transaction({.stop = stopped.get_token()}, work, cancelled.handler());
+    bulkhead_test::await([&] { return cancelled.finished(); });
+
+    CHECK(full.code == reject_reason::admission_full);
+    CHECK(waited.code == reject_reason::admission_timeout);
+    CHECK(cancelled.code == reject_reason::admission_cancelled);
+    const bulkhead_test::recording_observer& heard = gate.observer();
+    CHECK(heard.rejected_full == 1);
+    CHECK(heard.rejected_timeout == 1);
+    CHECK(heard.rejected_cancelled == 1);
+    CHECK(heard.rejected_other == 0);
+    const bulkhead::gate_stats stats = gate.stats();
+    CHECK(stats.rejections(reject_reason::admission_full) == 1);
+    CHECK(stats.rejections(reject_reason::admission_timeout) == 1);
+    CHECK(stats.rejections(reject_reason::admission_cancelled) == 1);
+    busy.go();
+    CHECK(gate.available_slots() == 2);
+}
+
 namespace {
 
 /// An allocator that counts what it hands out, for [F8].
