@@ -138,9 +138,7 @@ struct async_access {
     template <class Gate, class Work>
     static void check_call(Gate& gate, const typename Gate::options& call, const Work& work) {
         Gate::check_callable(work);
-        if (call.queue_wait < call.queue_wait.zero()) {
-            throw std::invalid_argument("bulkhead::db_bulkhead: queue_wait must not be negative");
-        }
+        gate_core::check_queue_wait(call.queue_wait);
         gate.m_core.workers().start();
         (void)queue_wait_clock();  // started here, where a failure can still be thrown
     }

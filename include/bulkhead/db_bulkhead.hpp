@@ -394,9 +394,6 @@ private:
     /// The class index of a call already admitted (-1 for a plain gate).
     [[nodiscard]] int class_of(const options& call) const noexcept { return m_core.class_of(call.workload); }
 
-    /// Counts a rejection and reports it to the observer.
-    void count_rejection(reject_reason reason, int workload) noexcept { (void)m_core.refuse(reason, workload); }
-
     /// Sends the core's refusals to the observer, when it takes them
     /// (null_observer's do nothing: no hook, no call).
     void hook_observer() noexcept {
@@ -529,7 +526,7 @@ private:
             throw;
         } catch (const rejected& rejection) {
             if (!began) {
-                count_rejection(rejection.reason(), workload);
+                (void)m_core.refuse(rejection.reason(), workload);
                 return;
             }
             metrics.failed();
@@ -674,12 +671,12 @@ private:
             if (deadline != clock::time_point::max() && clock::now() >= deadline) {
                 throw_refusal(reject_reason::deadline_exceeded, call);
             }
-            count_rejection(reject_reason::pool_timeout, class_of(call));
+            (void)m_core.refuse(reject_reason::pool_timeout, class_of(call));
             m_core.overloaded(overload_kind::timeout, class_of(call));
             detail::suggest_retry(timeout, m_core.retry_delay(class_of(call)));
             throw;
         } catch (rejected& rejection) {
-            count_rejection(rejection.reason(), class_of(call));
+            (void)m_core.refuse(rejection.reason(), class_of(call));
             detail::suggest_retry(rejection, m_core.retry_delay(class_of(call)));
             throw;
         } catch (...) {
@@ -690,7 +687,7 @@ private:
     }
 
     [[noreturn]] void throw_refusal(reject_reason reason, const options& call) {
-        count_rejection(reason, class_of(call));
+        (void)m_core.refuse(reason, class_of(call));
         throw_rejection(reason, m_core.retry_delay(class_of(call)));
     }
 

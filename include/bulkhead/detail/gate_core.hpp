@@ -310,6 +310,13 @@ public:
 
     // --- classes -------------------------------------------------------------
 
+    /// \throws std::invalid_argument when a call's queue wait is negative.
+    static void check_queue_wait(std::chrono::nanoseconds queue_wait) {
+        if (queue_wait < queue_wait.zero()) {
+            throw std::invalid_argument("bulkhead::db_bulkhead: queue_wait must not be negative");
+        }
+    }
+
     /// The class index of `workload` in this gate: -1 for a plain gate's
     /// one class.
     /// \throws std::logic_error when it is not one of the gate's classes.
@@ -320,7 +327,7 @@ public:
                                    " is not a class of this gate (it has " + std::to_string(classes) +
                                    "); take ids from gate.workload(name)");
         }
-        return m_classes ? workload.index : -1;
+        return class_of(workload);
     }
 
     /// The class index of a call already admitted (-1 for a plain gate).
@@ -463,9 +470,7 @@ public:
 private:
     template <bool Classed, class Call>
     result<permit_wait_limit> take_slot_in(const Call& call) {
-        if (call.queue_wait < call.queue_wait.zero()) {
-            throw std::invalid_argument("bulkhead::db_bulkhead: queue_wait must not be negative");
-        }
+        check_queue_wait(call.queue_wait);
         const int workload = Classed ? checked_workload(call.workload) : -1;
         if constexpr (!Classed) {
             if (call.workload.index != 0) [[unlikely]] {
