@@ -27,11 +27,12 @@
 //      loop, then under a closed loop of 64 callers that call again at once.
 //      The arms: a fixed gate at the best B, a fixed gate at B = 64 (too
 //      high), an adaptive gate with floor 1 (--floor N: N) and ceiling 64.
-//      With --rounds N the three arms run N times in turn (A B C A B C ...)
-//      within each loop, and the report adds each round's neighbour-phase
-//      ratios and their median: the neighbour's share of the two cores
-//      varies between runs, so one arm after another can differ by more
-//      than the arms themselves do.
+//      With --rounds N a fourth arm, the adaptive gate with rule 5b off
+//      (throughput_tolerance = headroom: the A/B of that rule), joins them,
+//      the arms run N times in turn (A B C D A B C D ...) within each loop,
+//      and the report adds each round's neighbour-phase ratios and their
+//      median: the neighbour's share of the two cores varies between runs,
+//      so one arm after another can differ by more than the arms do.
 // Results: PREFIX-neighbour.csv (every loop and arm, 0.5 s buckets: goodput,
 // p99 of admitted calls, rejections, the limit and the adaptive limit's
 // latency baseline), PREFIX-neighbour.md (the tables, with pgbench's
@@ -88,10 +89,11 @@ struct settings {
 /// A gate in front of its own pool, fixed or adaptive; one call per job.
 class neighbour_arm final : public arm {
 public:
-    neighbour_arm(const settings& config, std::string name, int permits, bool adaptive)
+    neighbour_arm(const settings& config, std::string name, int permits,
+                  const std::optional<bulkhead::adaptive_options>& adaptive)
         : m_name(std::move(name)),
           m_pool(pool_settings(config.conninfo, permits, 1000ms)),
-          m_gate(make_gate(m_pool, permits, adaptive, config)) {}
+          m_gate(m_pool, {.concurrent = permits, .extra_slots = 64, .adaptive = adaptive}) {}
 
     [[nodiscard]] std::string label() const override { return m_name; }
     [[nodiscard]] int workers() const override { return 256; }
@@ -124,12 +126,6 @@ public:
 
 private:
     using gate_type = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
-
-    static gate_type make_gate(bulkhead::pqxx_pool& pool, int permits, bool adaptive, const settings& config) {
-        return gate_type(pool, {.concurrent = permits,
-                                .extra_slots = 64,
-                                .adaptive = adaptive ? std::optional(config.adaptive) : std::nullopt});
-    }
 
     std::string m_name;
     bulkhead::pqxx_pool m_pool;
@@ -377,11 +373,12 @@ std::string rounds_report(const std::vector<phase_row>& rows, int rounds) {
     out << "\n## The rounds (the neighbour phase)\n\n"
         << "| loop | round | goodput: best fixed B, B = 64, adaptive | adaptive / best fixed B | p99 neighbour / "
            "quiet: "
-           "best fixed B, adaptive | the neighbour's tps: best fixed B, B = 64, adaptive "
-           "|\n|---|---|---|---|---|---|\n";
+           "best fixed B, adaptive | the neighbour's tps: best fixed B, B = 64, adaptive | no rule 5b / best "
+           "fixed B |\n|---|---|---|---|---|---|---|\n";
     for (const char* loop : {"open", "closed"}) {
         std::vector<double> goodput_ratios;
         std::vector<double> p99_ratios;
+        std::vector<double> latency_only_ratios;
         for (int round = 1; round <= rounds; ++round) {
             const std::array<const phase_row*, 3> noisy = {&row_of(rows, loop, round, 0, "neighbour"),
                                                            &row_of(rows, loop, round, 1, "neighbour"),
@@ -392,22 +389,29 @@ std::string rounds_report(const std::vector<phase_row>& rows, int rounds) {
             const double ratio = noisy[2]->summary.goodput / std::max(noisy[0]->summary.goodput, 1.0);
             const double best_p99 = noisy[0]->summary.admitted_p99_ms / std::max(quiet_p99(0), 0.001);
             const double adaptive_p99 = noisy[2]->summary.admitted_p99_ms / std::max(quiet_p99(2), 0.001);
+            const double latency_only =
+                row_of(rows, loop, round, 3, "neighbour").summary.goodput / std::max(noisy[0]->summary.goodput, 1.0);
             goodput_ratios.push_back(ratio);
             p99_ratios.push_back(adaptive_p99);
-            out << format("| %s | %d | %.0f, %.0f, %.0f | %.2f | %.2fx, %.2fx | %.1f, %.1f, %.1f |\n", loop, round,
-                          noisy[0]->summary.goodput, noisy[1]->summary.goodput, noisy[2]->summary.goodput, ratio,
+            latency_only_ratios.push_back(latency_only);
+            out << format("| %s | %d | %.0f, %.0f, %.0f | %.2f | %.2fx, %.2fx | %.1f, %.1f, %.1f | %.2f |\n", loop,
+                          round, noisy[0]->summary.goodput, noisy[1]->summary.goodput, noisy[2]->summary.goodput, ratio,
                           best_p99, adaptive_p99, noisy[0]->neighbour_tps, noisy[1]->neighbour_tps,
-                          noisy[2]->neighbour_tps);
+                          noisy[2]->neighbour_tps, latency_only);
         }
+        std::sort(latency_only_ratios.begin(), latency_only_ratios.end());
         std::sort(goodput_ratios.begin(), goodput_ratios.end());
         std::sort(p99_ratios.begin(), p99_ratios.end());
         // The middle one, or the mean of the middle two.
         const auto median = [](const std::vector<double>& sorted) {
             return (sorted[(sorted.size() - 1) / 2] + sorted[sorted.size() / 2]) / 2.0;
         };
-        out << format("| %s | median (lowest, highest) | | %.2f (%.2f, %.2f) | adaptive %.2fx (%.2fx, %.2fx) | |\n",
-                      loop, median(goodput_ratios), goodput_ratios.front(), goodput_ratios.back(), median(p99_ratios),
-                      p99_ratios.front(), p99_ratios.back());
+        out << format(
+            "| %s | median (lowest, highest) | | %.2f (%.2f, %.2f) | adaptive %.2fx (%.2fx, %.2fx) | | %.2f (%.2f, "
+            "%.2f) |\n",
+            loop, median(goodput_ratios), goodput_ratios.front(), goodput_ratios.back(), median(p99_ratios),
+            p99_ratios.front(), p99_ratios.back(), median(latency_only_ratios), latency_only_ratios.front(),
+            latency_only_ratios.back());
     }
     return out.str();
 }
@@ -425,7 +429,7 @@ int run(const settings& config) {
     // 1. The rate.
     double capacity = 0;
     {
-        neighbour_arm probe(config, "probe", 4, false);
+        neighbour_arm probe(config, "probe", 4, std::nullopt);
         const run_records records = run_closed_loop(probe, 64, 3s, 1);
         capacity = summarize(records.calls, 10s, records.window_s).throughput;
     }
@@ -438,7 +442,7 @@ int run(const settings& config) {
     std::ostringstream sweep;
     sweep << "| B | goodput (calls/s) | p99 of admitted (ms) | rejected |\n|---|---|---|---|\n";
     for (const int permits : {1, 2, 4, 8, 16}) {
-        neighbour_arm target(config, "sweep", permits, false);
+        neighbour_arm target(config, "sweep", permits, std::nullopt);
         const neighbour noisy(config, script, 12s);
         std::this_thread::sleep_for(1s);  // the neighbour's start-up; the phase length is the experiment
         open_loop_plan plan{.arrivals_ns = poisson_arrivals({{10s, rate}}, 7), .window = 10s, .alternate_api = false};
@@ -457,12 +461,19 @@ int run(const settings& config) {
     struct arm_plan {
         std::string name;
         int permits;
-        bool adaptive;
+        std::optional<bulkhead::adaptive_options> adaptive;
     };
-    const std::vector<arm_plan> arms = {
-        {"fixed best B = " + std::to_string(best), best, false},
-        {"fixed B = " + std::to_string(too_high), too_high, false},
-        {"adaptive (" + std::to_string(config.adaptive.floor) + "..64)", too_high, true}};
+    std::vector<arm_plan> arms = {
+        {"fixed best B = " + std::to_string(best), best, std::nullopt},
+        {"fixed B = " + std::to_string(too_high), too_high, std::nullopt},
+        {"adaptive (" + std::to_string(config.adaptive.floor) + "..64)", too_high, config.adaptive}};
+    if (config.rounds > 1) {
+        // The A/B of rule 5b: the same adaptive gate, the latency rules alone.
+        bulkhead::adaptive_options latency_only = config.adaptive;
+        latency_only.throughput_tolerance = latency_only.headroom;
+        arms.push_back(
+            {"adaptive without rule 5b (" + std::to_string(config.adaptive.floor) + "..64)", too_high, latency_only});
+    }
     const std::int64_t phase_ns = std::chrono::nanoseconds(config.phase).count();
     const std::int64_t warm_up_ns = std::chrono::nanoseconds(warm_up).count();
     std::vector<phase_row> rows;

@@ -295,7 +295,10 @@ private:
         m_last_ratio = ratio;
         follow_baseline(mean, ratio, sample.limited);
         const interval_figures now = figures(sample);
-        const verdict said = judge_probe();
+        // throughput_tolerance == headroom: the latency rules alone, no
+        // step judged, no limit vouched for.
+        const bool throughput_rule = m_options.throughput_tolerance > m_options.headroom;
+        const verdict said = throughput_rule ? judge_probe() : verdict::none;
         if (m_cooldown > 0) {
             --m_cooldown;
         }
@@ -323,7 +326,7 @@ private:
         const double uncongested = in_flight / sustained;
         const bool queueing = in_flight - uncongested > allowance;
         if (queueing &&
-            (sustained > m_options.throughput_tolerance ||
+            ((throughput_rule && sustained > m_options.throughput_tolerance) ||
              (sustained > m_options.tolerance && m_limit > m_vouched && !judging && m_limit > m_options.floor))) {
             if (said != verdict::none && said != verdict::gain && m_probe_was_5b) {
                 // Rule 5b's step went too far, or bought nothing: back to
@@ -356,8 +359,8 @@ private:
         }
         // Rule 5b: ratio > headroom and rule 4 did not cut (the ratio is
         // within the tolerances, or the queue within its allowance).
-        if (m_options.throughput_tolerance <= m_options.headroom) {
-            return m_reason;  // rule 5b switched off
+        if (!throughput_rule) {
+            return m_reason;
         }
         if (said == verdict::no_gain && m_probe_was_5b) {
             m_slow_start = false;

@@ -1,0 +1,1 @@
+SELECT count(*) FROM bench_neighbour WHERE pad LIKE '%abc%';
