@@ -2,7 +2,7 @@
 // neighbour (docs/adaptive.md, "The noisy neighbour").
 //
 //   bulkhead_neighbour_bench [--conninfo CONNINFO] --pgbench PATH --prefix PATH [--phase SECONDS] [--quick]
-//                            [--throughput-tolerance X] [--queue-allowance X] [--floor N] [--rounds N]
+//                            [--queue-allowance X] [--floor N] [--rounds N]
 //                            [--neighbour-clients N]
 //
 // CONNINFO defaults to $BULKHEAD_TEST_DATABASE (scripts/bench-neighbour
@@ -27,12 +27,11 @@
 //      loop, then under a closed loop of 64 callers that call again at once.
 //      The arms: a fixed gate at the best B, a fixed gate at B = 64 (too
 //      high), an adaptive gate with floor 1 (--floor N: N) and ceiling 64.
-//      With --rounds N a fourth arm, the adaptive gate with rule 5b off
-//      (throughput_tolerance = headroom: the A/B of that rule), joins them,
-//      the arms run N times in turn (A B C D A B C D ...) within each loop,
-//      and the report adds each round's neighbour-phase ratios and their
-//      median: the neighbour's share of the two cores varies between runs,
-//      so one arm after another can differ by more than the arms do.
+//      With --rounds N the three arms run N times in turn (A B C A B C ...)
+//      within each loop, and the report adds each round's neighbour-phase
+//      ratios and their median: the neighbour's share of the two cores
+//      varies between runs, so one arm after another can differ by more
+//      than the arms themselves do.
 // Results: PREFIX-neighbour.csv (every loop and arm, 0.5 s buckets: goodput,
 // p99 of admitted calls, rejections, the limit and the adaptive limit's
 // latency baseline), PREFIX-neighbour.md (the tables, with pgbench's
@@ -79,7 +78,7 @@ struct settings {
     std::string prefix;
     std::chrono::seconds phase{60};
     /// The adaptive arm's settings: the library's defaults unless
-    /// --throughput-tolerance, --queue-allowance or --floor names another.
+    /// --queue-allowance or --floor names another.
     bulkhead::adaptive_options adaptive;
     int rounds = 1;  ///< how many times the arms run in turn in each loop
     /// pgbench's clients (-c); its threads (-j) are min(clients, 2).
@@ -89,11 +88,10 @@ struct settings {
 /// A gate in front of its own pool, fixed or adaptive; one call per job.
 class neighbour_arm final : public arm {
 public:
-    neighbour_arm(const settings& config, std::string name, int permits,
-                  const std::optional<bulkhead::adaptive_options>& adaptive)
+    neighbour_arm(const settings& config, std::string name, int permits, bool adaptive)
         : m_name(std::move(name)),
           m_pool(pool_settings(config.conninfo, permits, 1000ms)),
-          m_gate(m_pool, {.concurrent = permits, .extra_slots = 64, .adaptive = adaptive}) {}
+          m_gate(make_gate(m_pool, permits, adaptive, config)) {}
 
     [[nodiscard]] std::string label() const override { return m_name; }
     [[nodiscard]] int workers() const override { return 256; }
@@ -126,6 +124,12 @@ public:
 
 private:
     using gate_type = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
+
+    static gate_type make_gate(bulkhead::pqxx_pool& pool, int permits, bool adaptive, const settings& config) {
+        return gate_type(pool, {.concurrent = permits,
+                                .extra_slots = 64,
+                                .adaptive = adaptive ? std::optional(config.adaptive) : std::nullopt});
+    }
 
     std::string m_name;
     bulkhead::pqxx_pool m_pool;
@@ -373,12 +377,11 @@ std::string rounds_report(const std::vector<phase_row>& rows, int rounds) {
     out << "\n## The rounds (the neighbour phase)\n\n"
         << "| loop | round | goodput: best fixed B, B = 64, adaptive | adaptive / best fixed B | p99 neighbour / "
            "quiet: "
-           "best fixed B, adaptive | the neighbour's tps: best fixed B, B = 64, adaptive | no rule 5b / best "
-           "fixed B |\n|---|---|---|---|---|---|---|\n";
+           "best fixed B, adaptive | the neighbour's tps: best fixed B, B = 64, adaptive "
+           "|\n|---|---|---|---|---|---|\n";
     for (const char* loop : {"open", "closed"}) {
         std::vector<double> goodput_ratios;
         std::vector<double> p99_ratios;
-        std::vector<double> latency_only_ratios;
         for (int round = 1; round <= rounds; ++round) {
             const std::array<const phase_row*, 3> noisy = {&row_of(rows, loop, round, 0, "neighbour"),
                                                            &row_of(rows, loop, round, 1, "neighbour"),
@@ -389,29 +392,22 @@ std::string rounds_report(const std::vector<phase_row>& rows, int rounds) {
             const double ratio = noisy[2]->summary.goodput / std::max(noisy[0]->summary.goodput, 1.0);
             const double best_p99 = noisy[0]->summary.admitted_p99_ms / std::max(quiet_p99(0), 0.001);
             const double adaptive_p99 = noisy[2]->summary.admitted_p99_ms / std::max(quiet_p99(2), 0.001);
-            const double latency_only =
-                row_of(rows, loop, round, 3, "neighbour").summary.goodput / std::max(noisy[0]->summary.goodput, 1.0);
             goodput_ratios.push_back(ratio);
             p99_ratios.push_back(adaptive_p99);
-            latency_only_ratios.push_back(latency_only);
-            out << format("| %s | %d | %.0f, %.0f, %.0f | %.2f | %.2fx, %.2fx | %.1f, %.1f, %.1f | %.2f |\n", loop,
-                          round, noisy[0]->summary.goodput, noisy[1]->summary.goodput, noisy[2]->summary.goodput, ratio,
+            out << format("| %s | %d | %.0f, %.0f, %.0f | %.2f | %.2fx, %.2fx | %.1f, %.1f, %.1f |\n", loop, round,
+                          noisy[0]->summary.goodput, noisy[1]->summary.goodput, noisy[2]->summary.goodput, ratio,
                           best_p99, adaptive_p99, noisy[0]->neighbour_tps, noisy[1]->neighbour_tps,
-                          noisy[2]->neighbour_tps, latency_only);
+                          noisy[2]->neighbour_tps);
         }
-        std::sort(latency_only_ratios.begin(), latency_only_ratios.end());
         std::sort(goodput_ratios.begin(), goodput_ratios.end());
         std::sort(p99_ratios.begin(), p99_ratios.end());
         // The middle one, or the mean of the middle two.
         const auto median = [](const std::vector<double>& sorted) {
             return (sorted[(sorted.size() - 1) / 2] + sorted[sorted.size() / 2]) / 2.0;
         };
-        out << format(
-            "| %s | median (lowest, highest) | | %.2f (%.2f, %.2f) | adaptive %.2fx (%.2fx, %.2fx) | | %.2f (%.2f, "
-            "%.2f) |\n",
-            loop, median(goodput_ratios), goodput_ratios.front(), goodput_ratios.back(), median(p99_ratios),
-            p99_ratios.front(), p99_ratios.back(), median(latency_only_ratios), latency_only_ratios.front(),
-            latency_only_ratios.back());
+        out << format("| %s | median (lowest, highest) | | %.2f (%.2f, %.2f) | adaptive %.2fx (%.2fx, %.2fx) | |\n",
+                      loop, median(goodput_ratios), goodput_ratios.front(), goodput_ratios.back(), median(p99_ratios),
+                      p99_ratios.front(), p99_ratios.back());
     }
     return out.str();
 }
@@ -429,7 +425,7 @@ int run(const settings& config) {
     // 1. The rate.
     double capacity = 0;
     {
-        neighbour_arm probe(config, "probe", 4, std::nullopt);
+        neighbour_arm probe(config, "probe", 4, false);
         const run_records records = run_closed_loop(probe, 64, 3s, 1);
         capacity = summarize(records.calls, 10s, records.window_s).throughput;
     }
@@ -442,7 +438,7 @@ int run(const settings& config) {
     std::ostringstream sweep;
     sweep << "| B | goodput (calls/s) | p99 of admitted (ms) | rejected |\n|---|---|---|---|\n";
     for (const int permits : {1, 2, 4, 8, 16}) {
-        neighbour_arm target(config, "sweep", permits, std::nullopt);
+        neighbour_arm target(config, "sweep", permits, false);
         const neighbour noisy(config, script, 12s);
         std::this_thread::sleep_for(1s);  // the neighbour's start-up; the phase length is the experiment
         open_loop_plan plan{.arrivals_ns = poisson_arrivals({{10s, rate}}, 7), .window = 10s, .alternate_api = false};
@@ -461,19 +457,12 @@ int run(const settings& config) {
     struct arm_plan {
         std::string name;
         int permits;
-        std::optional<bulkhead::adaptive_options> adaptive;
+        bool adaptive;
     };
-    std::vector<arm_plan> arms = {
-        {"fixed best B = " + std::to_string(best), best, std::nullopt},
-        {"fixed B = " + std::to_string(too_high), too_high, std::nullopt},
-        {"adaptive (" + std::to_string(config.adaptive.floor) + "..64)", too_high, config.adaptive}};
-    if (config.rounds > 1) {
-        // The A/B of rule 5b: the same adaptive gate, the latency rules alone.
-        bulkhead::adaptive_options latency_only = config.adaptive;
-        latency_only.throughput_tolerance = latency_only.headroom;
-        arms.push_back(
-            {"adaptive without rule 5b (" + std::to_string(config.adaptive.floor) + "..64)", too_high, latency_only});
-    }
+    const std::vector<arm_plan> arms = {
+        {"fixed best B = " + std::to_string(best), best, false},
+        {"fixed B = " + std::to_string(too_high), too_high, false},
+        {"adaptive (" + std::to_string(config.adaptive.floor) + "..64)", too_high, true}};
     const std::int64_t phase_ns = std::chrono::nanoseconds(config.phase).count();
     const std::int64_t warm_up_ns = std::chrono::nanoseconds(warm_up).count();
     std::vector<phase_row> rows;
@@ -526,9 +515,8 @@ int run(const settings& config) {
            << " calls/s (70 % of the quiet capacity at B = 4, " << format("%.0f", capacity)
            << " calls/s); deadline 250 ms; phases of " << config.phase.count() << " s, each arm's after "
            << warm_up.count() << " s of warm-up that is not measured; the adaptive arm's floor "
-           << config.adaptive.floor << ", throughput_tolerance " << format("%g", config.adaptive.throughput_tolerance)
-           << ", queue_allowance " << format("%g", config.adaptive.queue_allowance) << "; the neighbour: pgbench with "
-           << config.neighbour_clients << " clients"
+           << config.adaptive.floor << ", queue_allowance " << format("%g", config.adaptive.queue_allowance)
+           << "; the neighbour: pgbench with " << config.neighbour_clients << " clients"
            << (config.rounds > 1 ? "; the arms in " + std::to_string(config.rounds) + " rounds" : std::string())
            << ".\n\n## The sweep (neighbour on, 10 s each)\n\n"
            << sweep.str() << "\nBest B: " << best << "\n\n## The arms\n\n"
@@ -576,10 +564,6 @@ int main(int argc, char** argv) {
                 config.prefix = value();
             } else if (argument == "--phase") {
                 config.phase = std::chrono::seconds(bulkhead_bench::positive_argument("--phase", value()));
-            } else if (argument == "--throughput-tolerance") {
-                // From the headroom (rule 5b off), as adaptive_options accepts it.
-                config.adaptive.throughput_tolerance = bulkhead_bench::ratio_argument(
-                    "--throughput-tolerance", value(), bulkhead::adaptive_options{}.headroom, 100);
             } else if (argument == "--queue-allowance") {
                 // 0: the hold ratio alone decides, as before the allowance.
                 config.adaptive.queue_allowance = bulkhead_bench::ratio_argument("--queue-allowance", value(), 0, 100);
@@ -594,7 +578,7 @@ int main(int argc, char** argv) {
             } else {
                 std::fprintf(stderr,
                              "usage: bulkhead_neighbour_bench --conninfo CONNINFO --pgbench PATH --prefix PATH "
-                             "[--phase SECONDS] [--quick] [--throughput-tolerance X] [--queue-allowance X] "
+                             "[--phase SECONDS] [--quick] [--queue-allowance X] "
                              "[--floor N] [--rounds N] [--neighbour-clients N]\n");
                 return 2;
             }

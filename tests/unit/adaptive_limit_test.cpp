@@ -62,31 +62,18 @@ public:
 
     void set_neighbour(double load) { m_neighbour = load; }
 
-    /// From now on the gate has `callers` callers that call again at once
-    /// (a closed loop): the ones beyond the limit wait for a permit, and
-    /// the intervals carry those waits (by Little's law, the callers
-    /// waiting times the interval's length). 0: waits not timed.
-    void set_callers(int callers) { m_callers = callers; }
-
     /// The mean permit hold at `limit` calls in flight.
     [[nodiscard]] double mean_ms(int limit) const {
         return m_base_ms * std::max(1.0, (static_cast<double>(limit) + m_neighbour) / m_cores);
     }
 
     /// One 250 ms interval at `limit`.
-    interval_sample interval(int limit) {
-        interval_sample sample = limited_interval(limit, mean_ms(limit), m_random);
-        if (m_callers > limit) {
-            sample.waited = (m_callers - limit) * sample.length;
-        }
-        return sample;
-    }
+    interval_sample interval(int limit) { return limited_interval(limit, mean_ms(limit), m_random); }
 
 private:
     double m_base_ms;
     double m_cores;
     double m_neighbour = 0.0;
-    int m_callers = 0;
     std::mt19937 m_random{20261202};
 };
 
@@ -179,10 +166,7 @@ TEST_CASE("[G4] the adaptive limit rises back within 5 s of the database's recov
     database.set_neighbour(0.0);
     const int took = intervals_until(controller, database, 5 * per_second, [&](int l) { return l >= quiet; });
     CHECK(took <= 5 * per_second);
-    // Under the neighbour the limit sat above the headroom (the queue the
-    // latency implies was within the allowance), so the way back up may
-    // begin with rule 5b's steps: both are growth.
-    CHECK((controller.reason() == limit_reason::recovered || controller.reason() == limit_reason::throughput));
+    CHECK(controller.reason() == limit_reason::recovered);
 }
 
 TEST_CASE("[G5] the adaptive limit does not drift upward under sustained modest overload (simulated time)",
@@ -192,12 +176,6 @@ TEST_CASE("[G5] the adaptive limit does not drift upward under sustained modest 
     // simulated minutes.
     simulated_database database(2.0, 16.0);
     database.set_neighbour(6.0);
-    // Without waits (enter(), or callers that never queue), and with the
-    // waits of 96 callers timed, which rule 5b reads: a rule that read them
-    // wrongly would hold the limit down here.
-    const int callers = GENERATE(0, 96);
-    database.set_callers(callers);
-    INFO(callers << " callers' waits timed");
     limit_controller controller(adaptive_options{}, 64);
     (void)run(controller, database, 60 * per_second);  // the first minute: it settles
     const auto [early_low, early_high] = run(controller, database, 60 * per_second);
@@ -216,11 +194,10 @@ TEST_CASE("[G5] the adaptive limit does not drift upward under sustained modest 
     // and the limit with it.
     CHECK(controller.baseline() >= 1800us);
     CHECK(controller.baseline() <= 2200us);
-    // And the limit keeps the latency near it: within the throughput
-    // tolerance (2x). Each call the gate adds wins it a share of the
-    // neighbour's capacity, so steps past the tolerance (1.5x) buy
-    // throughput, and rule 5b takes them, but never past the bound.
-    CHECK(database.mean_ms(std::max(late_high, last_high)) <= adaptive_options{}.throughput_tolerance * 2.0 * 1.06);
+    // And the limit keeps the latency near it: growth stops at the
+    // headroom (1.25x), and one step of a quarter past it stays within the
+    // tolerance (1.5x).
+    CHECK(database.mean_ms(std::max(late_high, last_high)) <= adaptive_options{}.tolerance * 2.0 * 1.06);
 }
 
 namespace {
@@ -258,53 +235,18 @@ int median(std::vector<int> values) {
     return values[values.size() / 2];
 }
 
-/// The latency rules alone: rule 5b switched off.
-constexpr adaptive_options latency_only{.throughput_tolerance = 1.25};
-
 }  // namespace
 
-TEST_CASE("[G4] the adaptive limit grows past the headroom while throughput grows: a CPU-bound server's knee",
-          "[G4][adaptive][throughput]") {
-    // Every call in flight lengthens every call by 8 % (they share the
-    // CPU) while throughput still grows, up to the knee at 12; past it the
-    // hold grows in proportion and throughput is flat.
-    static constexpr int knee = 12;
-    const auto mean_ms = [](int limit) {
-        const double below = 1.0 + 0.08 * static_cast<double>(std::min(limit, knee) - 1);
-        return limit <= knee ? below : below * static_cast<double>(limit) / knee;
-    };
-    curve_server server(mean_ms);
-    limit_controller by_latency(latency_only, 64);
-    const int latency_median = median(limits_over(by_latency, server, 40 * per_second));
-    limit_controller controller(adaptive_options{}, 64);
-    const int took = intervals_until(controller, server, 40 * per_second, [](int l) { return l >= knee - 2; });
-    const std::vector<int> later = limits_over(controller, server, 60 * per_second);
-    const int settled = median(later);
-    const int highest = *std::max_element(later.begin(), later.end());
-    INFO("latency rules alone: " << latency_median << "; with rule 5b: near the knee after " << took
-                                 << " intervals, then median " << settled << ", highest " << highest);
-    CHECK(latency_median < knee - 2);   // stops where the hold passes 1.25x (the slow start's 8), short of the knee
-    CHECK(took <= 5 * per_second);      // near the knee within 5 s
-    CHECK(settled >= knee - 2);         // and stays there
-    CHECK(settled <= knee);             // not past it: past it nothing is bought
-    CHECK(highest <= knee + knee / 4);  // probes at most a step beyond
-    CHECK(server.throughput(settled) >= 0.9 * server.throughput(knee));
-    // Settled within the throughput tolerance (a probe of one permit may
-    // pass it for the interval that finds it out).
-    CHECK(server.mean_ms(settled) <= adaptive_options{}.throughput_tolerance * 1.0 * 1.06);
-}
-
 TEST_CASE(
-    "[G4] where every call in flight lengthens every other, the limit grows as far as the queue it implies "
-    "allows, and a neighbour's bursts do not send it to the floor",
-    "[G4][adaptive][throughput]") {
+    "[G3] where every call in flight lengthens every other, the queue allowance keeps a limit the ratio alone "
+    "would cut, and a neighbour's bursts do not send it to the floor",
+    "[G3][adaptive]") {
     // Callers, server and a neighbour sharing a few cores: every call in
     // flight lengthens every call by a quarter of what one costs alone,
-    // and throughput still grows (by 9 % from 4 to 5, 4 % from 7 to 8).
-    // The hold passes 2x the baseline at 5: a bound on the latency ratio
-    // stops there or below (the rules before the queue allowance: median
-    // 4 here, seen 8 with it), a bound on the queue it implies (limit - limit / ratio:
-    // 5.1 calls at 8, within 6 x log10(8) = 5.4) does not.
+    // and throughput still grows. The slow start stops at 4 (the hold 1.75x
+    // the baseline, past the headroom); the queue this implies, 4 x (1 -
+    // 1 / 1.75) = 1.7 calls, is within 6 x log10(4) = 3.6, so rule 4 leaves
+    // it be, where a bound on the ratio alone cuts it.
     const auto mean_ms = [](int limit) { return 1.0 + 0.25 * static_cast<double>(limit - 1); };
     SECTION("steady") {
         curve_server server(mean_ms);
@@ -312,16 +254,15 @@ TEST_CASE(
         (void)limits_over(controller, server, 20 * per_second);
         const std::vector<int> limits = limits_over(controller, server, 100 * per_second);
         INFO("median " << median(limits));
-        CHECK(median(limits) >= 7);
-        CHECK(server.throughput(median(limits)) >= 0.9 * server.throughput(8));
+        CHECK(median(limits) == 4);
     }
-    SECTION("steady, with the queue allowance switched off: the hold ratio alone stops it lower") {
+    SECTION("steady, with the queue allowance switched off: the hold ratio alone cuts it") {
         curve_server server(mean_ms);
         limit_controller controller(adaptive_options{.queue_allowance = 0.0}, 64);
         (void)limits_over(controller, server, 20 * per_second);
         const std::vector<int> limits = limits_over(controller, server, 100 * per_second);
         INFO("median " << median(limits));
-        CHECK(median(limits) <= 5);
+        CHECK(median(limits) <= 3);
     }
     SECTION("under bursts: a fifth of the intervals three times slower, the rest within +-30 %") {
         std::mt19937 random(5);
@@ -340,14 +281,14 @@ TEST_CASE(
         std::sort(limits.begin(), limits.end());
         const int tenth = limits[limits.size() / 10];
         INFO("lowest tenth from " << tenth << ", median " << median(limits));
-        // The rules before the queue allowance: from 2, median 3 (seen: 5 and 7).
+        // Not below where the steady load keeps it (4).
         CHECK(tenth >= 4);
-        CHECK(median(limits) >= 5);
+        CHECK(median(limits) >= 4);
     }
 }
 
-TEST_CASE("[G5] past where throughput stops growing, the adaptive limit grows no further than the queue rule 4 allows",
-          "[G5][adaptive][throughput]") {
+TEST_CASE("[G5] past where throughput stops growing, the adaptive limit keeps no more than the queue rule 4 allows",
+          "[G5][adaptive]") {
     // The hold is constant up to 8 calls in flight, then grows in
     // proportion: throughput is flat past 8, and every permit past 8 is a
     // call queued inside the database.
@@ -359,237 +300,22 @@ TEST_CASE("[G5] past where throughput stops growing, the adaptive limit grows no
     while (static_cast<double>(allowed + 1 - flat_from) <= 6.0 * std::log10(static_cast<double>(allowed + 1))) {
         ++allowed;
     }
-    limit_controller by_latency(latency_only, 64);
-    (void)limits_over(by_latency, server, 20 * per_second);
-    const std::vector<int> alone = limits_over(by_latency, server, 10 * 60 * per_second);
     limit_controller controller(adaptive_options{}, 64);
     (void)limits_over(controller, server, 20 * per_second);
-    const std::vector<int> with_5b = limits_over(controller, server, 10 * 60 * per_second);
-    const auto half = static_cast<std::ptrdiff_t>(with_5b.size() / 2);
-    const int first_half = median(std::vector<int>(with_5b.begin(), with_5b.begin() + half));
-    const int second_half = median(std::vector<int>(with_5b.begin() + half, with_5b.end()));
-    const int highest = *std::max_element(with_5b.begin(), with_5b.end());
-    INFO("latency rules alone: median " << median(alone) << "; with rule 5b: median " << first_half << " then "
-                                        << second_half << ", highest " << highest << "; allowed " << allowed);
-    // The latency rules alone: the slow start stops at 16, rule 4 cuts
-    // it to where the queue is within the allowance.
-    CHECK(median(alone) <= allowed);
-    // Rule 5b's steps past the flat point buy nothing, but a lucky verdict
-    // now and then (noise of 5 % on one interval's throughput) keeps one,
-    // and rule 4 leaves a queue within its allowance be: the limit may
-    // wander up (seen: median 11 in the first five minutes, 13 in the
-    // next), but never past the allowance, whose hold is within the
-    // throughput tolerance.
+    const std::vector<int> limits = limits_over(controller, server, 10 * 60 * per_second);
+    const auto half = static_cast<std::ptrdiff_t>(limits.size() / 2);
+    const int first_half = median(std::vector<int>(limits.begin(), limits.begin() + half));
+    const int second_half = median(std::vector<int>(limits.begin() + half, limits.end()));
+    const int highest = *std::max_element(limits.begin(), limits.end());
+    INFO("median " << first_half << " then " << second_half << ", highest " << highest << "; allowed " << allowed);
+    // The slow start doubles to 16 (the hold at the baseline up to 8);
+    // rule 4 cuts it to where the queue is within the allowance, and the
+    // hold past the headroom keeps rule 5 from growing it again.
     CHECK(first_half <= allowed);
     CHECK(second_half <= allowed);
-    // Rule 5b's step is one permit at least, even past its bound: a probe
-    // two beyond the allowance, for the intervals that judge it.
-    CHECK(highest <= allowed + 2);
-    CHECK(server.mean_ms(second_half) <= adaptive_options{}.throughput_tolerance * 1.0 * 1.06);
-}
-
-TEST_CASE("[G4] extra permits that go unused prove nothing, and a no-gain verdict never blocks a latency recovery",
-          "[G4][adaptive][throughput]") {
-    // An interval of 250 ms in which the calls held their permits for
-    // `mean_ms` each, `occupancy` of them in flight on average, and some
-    // call found no permit free.
-    const auto at = [](double mean_ms, double occupancy) {
-        interval_sample sample;
-        sample.length = 250ms;
-        sample.calls = static_cast<std::int64_t>(occupancy * 250.0 / mean_ms);
-        sample.held = std::chrono::nanoseconds(static_cast<std::int64_t>(occupancy * 250e6));
-        sample.inside = static_cast<std::int64_t>(occupancy);
-        sample.limited = true;
-        return sample;
-    };
-    limit_controller controller(adaptive_options{.floor = 1}, 16);
-    (void)controller.update(at(1.0, 1.0));  // the first baseline: 1 ms
-    (void)controller.update(at(1.0, 1.0));  // the slow start: 2
-    REQUIRE(controller.update(at(1.0, 2.0)) == 4);
-    // The hold rises to 1.4 ms (between the headroom and the tolerance)
-    // and the calls per second from 2,000 to 2,857: the step to 4 bought
-    // throughput (judged on two intervals), and rule 5b steps up to 5.
-    CHECK(controller.update(at(1.4, 4.0)) == 4);
-    CHECK(controller.update(at(1.4, 4.0)) == 5);
-    CHECK(controller.reason() == limit_reason::throughput);
-
-    SECTION("the fifth permit goes unused (the callers are slow to call again): the step is undone, unjudged") {
-        CHECK(controller.update(at(1.4, 4.0)) == 5);
-        CHECK(controller.update(at(1.4, 4.0)) == 4);
-        CHECK(controller.reason() == limit_reason::throughput);  // not no_gain: nothing was concluded
-        // No pause: it steps up again at once.
-        CHECK(controller.update(at(1.4, 4.0)) == 5);
-    }
-    SECTION("the fifth permit is used and buys nothing: back to 4, no_gain, and a pause") {
-        CHECK(controller.update(at(1.75, 5.0)) == 5);  // the same 2,857 calls per second; 1.75x is judged first
-        CHECK(controller.update(at(1.75, 5.0)) == 4);
-        CHECK(controller.reason() == limit_reason::no_gain);
-        CHECK(controller.update(at(1.4, 4.0)) == 4);  // the pause: no step
-        // The database recovers: the hold is back at the baseline. The
-        // latency rules grow the limit at once, pause or not.
-        CHECK(controller.update(at(1.0, 4.0)) == 5);
-        CHECK(controller.reason() == limit_reason::recovered);
-        CHECK(controller.update(at(1.0, 5.0)) == 6);
-        CHECK(controller.update(at(1.0, 6.0)) == 7);
-    }
-    SECTION("the fifth permit is used and buys throughput: it steps on") {
-        CHECK(controller.update(at(1.45, 5.0)) == 5);  // 3,448 calls/s against 2,857
-        CHECK(controller.update(at(1.45, 5.0)) == 6);
-        CHECK(controller.reason() == limit_reason::throughput);
-    }
-}
-
-namespace {
-
-/// An open loop in front of a CPU-bound server, event by event: Poisson
-/// arrivals at `per_ms` calls per millisecond queue (FIFO) for the limit's
-/// permits and give up after a queue wait of 50 ms. A call's hold is
-/// exponential, its mean 1 ms x (1 + `lengthen` x the calls already in
-/// flight when it starts): every call in flight lengthens the ones after
-/// it. The arrivals are fixed, so above the load a larger limit cannot buy
-/// calls per second, only a shorter wait for a permit.
-class open_loop {
-public:
-    open_loop(double per_ms, double lengthen) : m_per_ms(per_ms), m_lengthen(lengthen) { m_next_arrival = arrival(); }
-
-    /// One 250 ms interval at `limit` (a limit that shrank below the calls
-    /// in flight lets them finish).
-    interval_sample interval(int limit) {
-        interval_sample sample;
-        sample.length = 250ms;
-        const double end = m_now + 250.0;
-        double held = 0.0;
-        double waited = 0.0;
-        for (;;) {
-            const double finish = m_running.empty() ? end : m_running.top().first;
-            const double give_up = m_queue.empty() ? end : m_queue.front() + queue_wait_ms;
-            const double next = std::min({finish, give_up, m_next_arrival, end});
-            m_now = next;
-            if (next >= end) {
-                break;
-            }
-            if (next == finish) {
-                held += finish - m_running.top().second;
-                m_running.pop();
-                ++sample.calls;
-            } else if (next == give_up) {
-                waited += queue_wait_ms;
-                m_queue.pop_front();
-                ++m_gave_up;
-            } else {
-                if (std::ssize(m_running) >= limit || !m_queue.empty()) {
-                    sample.limited = true;
-                }
-                m_queue.push_back(m_now);
-                m_next_arrival = m_now + arrival();
-                ++m_arrived;
-            }
-            while (!m_queue.empty() && std::ssize(m_running) < limit) {
-                const double wait = m_now - m_queue.front();
-                waited += wait;
-                m_queue.pop_front();
-                std::exponential_distribution<double> hold(1.0 /
-                                                           (1.0 + m_lengthen * static_cast<double>(m_running.size())));
-                m_running.emplace(m_now + hold(m_random), m_now);
-                m_in_gate += wait;
-            }
-        }
-        sample.held = std::chrono::nanoseconds(static_cast<std::int64_t>(held * 1e6));
-        sample.waited = std::chrono::nanoseconds(static_cast<std::int64_t>(waited * 1e6));
-        sample.inside = std::ssize(m_running);
-        m_calls += sample.calls;
-        m_in_gate += held;
-        m_held += held;
-        return sample;
-    }
-
-    /// Since the last reset(): the mean time a finished call spent in the
-    /// gate (its wait for a permit and its hold, ms), its mean hold, and the
-    /// share of the arrivals that gave up waiting.
-    [[nodiscard]] double mean_in_gate_ms() const {
-        return m_in_gate / static_cast<double>(std::max<std::int64_t>(m_calls, 1));
-    }
-    [[nodiscard]] double mean_hold_ms() const {
-        return m_held / static_cast<double>(std::max<std::int64_t>(m_calls, 1));
-    }
-    [[nodiscard]] double gave_up() const {
-        return static_cast<double>(m_gave_up) / static_cast<double>(std::max<std::int64_t>(m_arrived, 1));
-    }
-    void reset() {
-        m_in_gate = 0.0;
-        m_held = 0.0;
-        m_calls = 0;
-        m_gave_up = 0;
-        m_arrived = 0;
-    }
-
-private:
-    static constexpr double queue_wait_ms = 50.0;
-
-    double arrival() { return std::exponential_distribution<double>(m_per_ms)(m_random); }
-
-    double m_per_ms;
-    double m_lengthen;
-    std::mt19937 m_random{20261204};
-    double m_now = 0.0;
-    double m_next_arrival = 0.0;
-    std::deque<double> m_queue;  // arrival times
-    // (finish, start) of the calls holding a permit, the first to finish on top
-    std::priority_queue<std::pair<double, double>, std::vector<std::pair<double, double>>, std::greater<>> m_running;
-    double m_in_gate = 0.0;
-    double m_held = 0.0;
-    std::int64_t m_calls = 0;
-    std::int64_t m_gave_up = 0;
-    std::int64_t m_arrived = 0;
-};
-
-}  // namespace
-
-TEST_CASE("[G4] in an open loop the adaptive limit grows while a step shortens the wait for a permit",
-          "[G4][adaptive][throughput]") {
-    // 1.5 calls per ms, each call in flight lengthening the next by 30 %:
-    // about 1.9 calls in flight, their hold near 1.3x what one costs alone
-    // (between the headroom and the tolerance), so the latency rules stop
-    // at 2 to 4, where the permits are often all busy and the calls queue
-    // for them.
-    const auto settle = [](const adaptive_options& options, std::vector<int>& limits) {
-        open_loop loop(1.5, 0.3);
-        limit_controller controller(options, 64);
-        for (int i = 0; i < 20 * per_second; ++i) {
-            (void)controller.update(loop.interval(controller.limit()));
-        }
-        loop.reset();
-        for (int i = 0; i < 5 * 60 * per_second; ++i) {
-            limits.push_back(controller.update(loop.interval(controller.limit())));
-        }
-        return loop;
-    };
-    std::vector<int> alone;
-    const open_loop by_latency = settle(latency_only, alone);
-    std::vector<int> with_5b;
-    const open_loop adaptive = settle(adaptive_options{}, with_5b);
-    const int highest = *std::max_element(with_5b.begin(), with_5b.end());
-    INFO("latency rules alone: median " << median(alone) << ", in the gate " << by_latency.mean_in_gate_ms()
-                                        << " ms, gave up " << by_latency.gave_up() << "; with rule 5b: median "
-                                        << median(with_5b) << ", highest " << highest << ", in the gate "
-                                        << adaptive.mean_in_gate_ms() << " ms (holding " << adaptive.mean_hold_ms()
-                                        << " ms), gave up " << adaptive.gave_up() << "; latency rules alone holding "
-                                        << by_latency.mean_hold_ms() << " ms");
-    CHECK(median(alone) <= 4);
-    CHECK(median(with_5b) > median(alone));
-    // Not past where a step stops shortening the wait: the load needs
-    // about 2 permits, so beyond about 6 nothing is left to save.
-    CHECK(highest <= 8);
-    // The calls wait for a permit on average less than they hold one
-    // (judged by throughput alone, rule 5b stops at 3, where the mean wait
-    // is over three times the hold: 6.2 ms in the gate, 1.5 ms holding).
-    CHECK(adaptive.mean_in_gate_ms() <= 2.0 * adaptive.mean_hold_ms());
-    const double adaptive_wait = adaptive.mean_in_gate_ms() - adaptive.mean_hold_ms();
-    const double latency_wait = by_latency.mean_in_gate_ms() - by_latency.mean_hold_ms();
-    CHECK(adaptive_wait <= 0.5 * latency_wait);
-    CHECK(adaptive.gave_up() <= by_latency.gave_up());
-    // Within the throughput tolerance: the hold is what the load makes it.
-    CHECK(adaptive.mean_hold_ms() <= adaptive_options{}.throughput_tolerance * 1.0);
+    CHECK(first_half >= flat_from);
+    CHECK(highest <= 2 * flat_from);
+    CHECK(server.mean_ms(second_half) <= 2.0);
 }
 
 TEST_CASE("[G6] the adaptive limit never exceeds the ceiling nor falls below the floor, whatever it is fed",
@@ -610,7 +336,6 @@ TEST_CASE("[G6] the adaptive limit never exceeds the ceiling nor falls below the
             sample.held = std::chrono::microseconds(hold_us(random) * std::max<std::int64_t>(sample.calls, 1));
             sample.inside = calls(random) % (ceiling + 1);
             sample.limited = coin(random) < 7;
-            sample.waited = coin(random) < 5 ? std::chrono::microseconds(hold_us(random) * sample.calls) : 0ns;
             sample.saturated = coin(random) == 0 ? 1 : 0;
             sample.timeouts = coin(random) == 1 ? calls(random) : 0;
             sample.conflicts = coin(random) == 2 ? calls(random) : 0;
@@ -645,10 +370,6 @@ TEST_CASE("[G6] adaptive settings out of range are refused at construction, nami
                       Catch::Matchers::ContainsSubstring("error_rate must be in (0, 1]"));
     CHECK_THROWS_WITH([&] { gate_t gate(pool, {.concurrent = 4, .adaptive = adaptive_options{.min_samples = 0}}); }(),
                       Catch::Matchers::ContainsSubstring("min_samples must be at least 1"));
-    CHECK_THROWS_WITH(
-        [&] { gate_t gate(pool, {.concurrent = 4, .adaptive = adaptive_options{.throughput_tolerance = 1.2}}); }(),
-        Catch::Matchers::ContainsSubstring("throughput_tolerance must be a finite number of at least "
-                                           "headroom"));
     CHECK_THROWS_WITH(
         [&] { gate_t gate(pool, {.concurrent = 4, .adaptive = adaptive_options{.queue_allowance = -1.0}}); }(),
         Catch::Matchers::ContainsSubstring("queue_allowance must be a finite number of at least 0"));

@@ -27,6 +27,7 @@
 
 #include <bulkhead/adaptive_limit.hpp>
 #include <bulkhead/admission_counter.hpp>
+#include <bulkhead/detail/adaptive_gate.hpp>
 #include <bulkhead/detail/held_gates.hpp>
 #include <bulkhead/detail/work_threads.hpp>
 #include <bulkhead/error.hpp>
@@ -224,18 +225,11 @@ public:
         }
     }
 
-    /// Records a permit wait (for its class too); an adaptive limit weighs
-    /// it when it judges a step up.
+    /// Records a permit wait (for its class too).
     void record_permit_wait(const permit_wait_limit& limit, std::chrono::nanoseconds waited) noexcept {
         m_metrics.permit_wait.record(waited);
-        if (m_adaptive) {
-            m_adaptive->waited(waited);
-        }
         if (limit.workload >= 0) {
             m_classes->permit_wait(limit.workload).record(waited);
-            if (adaptive_gate* adapting = class_adaptive(limit.workload)) {
-                adapting->waited(waited);
-            }
         }
     }
 
