@@ -1,6 +1,6 @@
 # bench/plot/adaptive_neighbour.gp: fixed and adaptive gates through a quiet phase, a pgbench neighbour, and quiet again,
 # per 0.5 s of intended start times.
-#   gnuplot -e "data='bench/results/neighbour-STAMP-neighbour.csv'; loop='open'; out='docs/figures/adaptive_neighbour_open.png'" bench/plot/adaptive_neighbour.gp
+#   gnuplot -e "data='bench/results/neighbour-STAMP-neighbour.csv'; loop='open'; out='bench/results/neighbour-STAMP-neighbour_open.png'" bench/plot/adaptive_neighbour.gp
 # (loop='closed' for the closed loop; adaptive_title='adaptive 4..64' names a non-default adaptive arm)
 # (scripts/bench-neighbour runs it.)
 load "bench/plot/pg_common.gp"

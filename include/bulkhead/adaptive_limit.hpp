@@ -14,16 +14,17 @@
 //      L x 3/4 (errors);
 //   3. calls inside, none finished, for longer than tolerance x the
 //      baseline: L x 1/2 (stalled);
-//   4. the mean hold over tolerance x the baseline in this interval and the
-//      one before (the lower ratio counts), and the calls this implies are
-//      queued inside the database, in_flight x (1 - 1 / ratio), more than
-//      queue_allowance x log10(L): down to the higher of L x tolerance /
-//      ratio (kept within [1/2, 9/10]) and the calls in flight / ratio +
-//      the allowance, one permit at least (latency);
-//   5. the mean hold within headroom x the baseline, some call found no
-//      permit free, and at least half of L in use on average: L x 2 until
-//      the first decrease (a slow start from the floor), L + max(1, L/4)
-//      after (recovered);
+//   4. L above the floor, the mean hold over tolerance x the baseline in
+//      this interval and the last one measured (ratio: the lower of the
+//      two), and the calls this implies are queued inside the database,
+//      in_flight x (1 - 1 / ratio), more than queue_allowance x log10(L):
+//      down to the higher of L x tolerance / ratio (kept within [1/2,
+//      9/10]) and in_flight / ratio + the allowance, one permit at least
+//      (latency);
+//   5. this interval's mean hold within headroom x the baseline, some call
+//      found no permit free, and at least half of L in use on average:
+//      L x 2 until any of rules 1-4 first acts (a slow start from the
+//      floor), L + max(1, L/4) after (recovered);
 //   6. otherwise L stays.
 // Rules 4 and 5 need min_samples finished calls. L is rounded and clamped
 // to [floor, ceiling] (G6).
@@ -55,7 +56,7 @@ namespace bulkhead {
 enum class limit_reason : std::uint8_t {
     initial,    ///< not changed since the gate was built: L is the floor
     saturated,  ///< rule 1: a saturation error (SQLSTATE class 53)
-    errors,     ///< rule 2: timeouts or conflicts above the error rate
+    errors,     ///< rule 2: timeouts or conflicts at or above the error rate
     stalled,    ///< rule 3: calls inside and none finished
     latency,    ///< rule 4: the hold above the tolerance, with a queue beyond the allowance
     recovered,  ///< rule 5: the hold back near the baseline, the limit reached

@@ -185,8 +185,7 @@ TEST_CASE("[G5] the adaptive limit does not drift upward under sustained modest 
     INFO("minute 2: " << early_low << ".." << early_high << ", minutes 3-19: " << late_low << ".." << late_high
                       << ", minute 20: " << last_low << ".." << last_high << ", baseline " << baseline_early.count()
                       << " -> " << controller.baseline().count() << " ns");
-    // The last minute against the second: windows of the same length (the
-    // highest of 17 minutes is a probe's rare peak, not a drift).
+    // The last minute against the second: windows of the same length.
     CHECK(last_high <= early_high);
     CHECK(last_low <= early_low + 1);
     // The baseline stays what a call costs uncongested (2 ms), within the
@@ -315,7 +314,6 @@ TEST_CASE("[G5] past where throughput stops growing, the adaptive limit keeps no
     CHECK(second_half <= allowed);
     CHECK(first_half >= flat_from);
     CHECK(highest <= 2 * flat_from);
-    CHECK(server.mean_ms(second_half) <= 2.0);
 }
 
 TEST_CASE("[G6] the adaptive limit never exceeds the ceiling nor falls below the floor, whatever it is fed",
