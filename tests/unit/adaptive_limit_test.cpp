@@ -18,11 +18,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <functional>
 #include <limits>
 #include <mutex>
-#include <queue>
 #include <random>
 #include <string>
 #include <thread>
@@ -209,8 +207,6 @@ public:
     explicit curve_server(std::function<double(int)> mean_ms) : m_mean_ms(std::move(mean_ms)) {}
 
     [[nodiscard]] double mean_ms(int limit) const { return m_mean_ms(limit); }
-    /// Calls finished per millisecond at `limit`, without noise.
-    [[nodiscard]] double throughput(int limit) const { return static_cast<double>(limit) / m_mean_ms(limit); }
 
     interval_sample interval(int limit) { return limited_interval(limit, m_mean_ms(limit), m_random); }
 
