@@ -204,8 +204,7 @@ public:
         if (!limit) {
             std::exception_ptr rejection;
             if (failure != nullptr) {
-                rejection = make_rejection(limit.error(), async_access::core(gate).retry_delay(
-                                                              async_access::core(gate).class_of(call.workload)));
+                rejection = make_rejection(limit.error(), async_access::core(gate).retry_delay(call.workload.index));
             }
             post_rejection(std::move(handler), make_error_code(limit.error()), failure, std::move(rejection));
             return;

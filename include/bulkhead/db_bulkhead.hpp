@@ -273,9 +273,7 @@ public:
     /// known yet (no transaction has finished); otherwise
     /// (waiting() + 1) x mean permit hold / limit(). A mean, not a bound: it
     /// assumes the calls ahead hold their permits as long as recent ones did.
-    [[nodiscard]] std::chrono::nanoseconds expected_queue_wait() const noexcept {
-        return m_core.expected_queue_wait(-1);
-    }
+    [[nodiscard]] std::chrono::nanoseconds expected_queue_wait() const noexcept { return m_core.expected_queue_wait(); }
 
     /// The same for a call of class `workload`: zero when it could take a
     /// permit now; otherwise (its class's waiters + 1) x the class's mean
@@ -296,7 +294,7 @@ public:
     /// transaction() or enter() carries it (rejected::retry_after()), and so
     /// does the one async_transaction() hands a caller that asks for the
     /// exception; try_transaction() and try_enter() callers read it here.
-    [[nodiscard]] std::chrono::milliseconds suggested_retry_delay() const noexcept { return m_core.retry_delay(-1); }
+    [[nodiscard]] std::chrono::milliseconds suggested_retry_delay() const noexcept { return m_core.retry_delay(); }
 
     /// The same for a call of class `workload`: its class's running and
     /// waiting calls and one more, x the class's mean permit hold, over the
@@ -384,15 +382,15 @@ private:
     /// result: that move cost the uncontended enter/leave path a fifth of
     /// its time (a stalled copy, bench/micro gate/enter_leave).
     permit admit_or_throw(const options& call, admission_times* times = nullptr) {
-        const result<detail::permit_wait_limit> held = m_core.admit(call, times);
+        const result<detail::permit_wait_limit> held = m_core.admit_out_of_line(call, times);
         if (!held) {
             throw_rejection(held.error(), m_core.retry_delay(class_of(call)));
         }
         return admitted(call, class_of(call));
     }
 
-    /// The class index of a call already admitted (-1 for a plain gate).
-    [[nodiscard]] int class_of(const options& call) const noexcept { return m_core.class_of(call.workload); }
+    /// The class index of a call that admission has checked.
+    [[nodiscard]] static int class_of(const options& call) noexcept { return call.workload.index; }
 
     /// Sends the core's refusals to the observer, when it takes them
     /// (null_observer's do nothing: no hook, no call).
@@ -586,7 +584,7 @@ private:
         clock::time_point m_start;
         clock::time_point m_permitted;
         clock::time_point m_leased_at{};
-        int m_workload;  // the call's class, -1 in a plain gate
+        int m_workload;  // the call's class
         bool m_leased = false;
         bool m_committed = false;
     };

@@ -76,7 +76,7 @@ private:
     detail::held_gates* m_record = nullptr;  // the entering thread's record, when tracked there; only compared
                                              // unless it is the releasing thread's own
     std::uint64_t m_serial = 0;              // the entry in that record
-    int m_workload = -1;                     // its class, in a gate with classes
+    int m_workload = 0;                      // its class
 };
 
 static_assert(std::is_nothrow_move_constructible_v<permit> && !std::is_copy_constructible_v<permit>);

@@ -2,8 +2,8 @@
 //
 // workload_scheduler hands out a gate's permits to the classes of its
 // workload_plan (workload.hpp): reserved permits to their own class, shared
-// ones by priority, FIFO inside a class. It replaces the gate's
-// fifo_semaphore when the gate has a plan; a plain gate never touches it.
+// ones by priority, FIFO inside a class. detail/permit_engine.hpp holds one
+// for a gate with a plan; a gate without one never touches it.
 //
 // Policy. permits in circulation (`limit`: B, or an adaptive limit) =
 // reserved sum + shared capacity. A class c may take a permit when
@@ -36,8 +36,8 @@
 // on_granted runs on the granting thread.
 //
 // Costs. One mutex guards all of it: every take and release locks it once
-// (uncontended, about 20 ns). That is the price of classes; the plain gate
-// keeps its lock-free fifo_semaphore.
+// (uncontended, about 20 ns). That is the price of classes; a gate without
+// a plan keeps the lock-free fifo_semaphore (detail/permit_engine.hpp).
 //
 // Thread safety: all members may be called concurrently. Everything under
 // m_mutex; the per-class counters read by stats() are relaxed atomics
@@ -82,7 +82,6 @@ public:
             m_classes[c].config = plan.classes[c];
             m_classes[c].ceiling =
                 plan.classes[c].adaptive_floor > 0 ? plan.classes[c].adaptive_floor : plan.classes[c].ceiling;
-            m_classes[c].slots_free.store(plan.classes[c].ceiling + plan.classes[c].queue, std::memory_order_relaxed);
             reserved += plan.classes[c].reserved;
         }
         assert(limit >= reserved);
@@ -103,28 +102,6 @@ public:
             }
         }
         return -1;
-    }
-
-    // --- admission slots: ceiling + queue per class, never waited on --------
-
-    /// Takes one of class c's admission slots, if one is free. Lock-free.
-    [[nodiscard]] bool try_take_slot(int c) noexcept {
-        std::atomic<int>& slots = m_classes[index(c)].slots_free;
-        int seen = slots.load(std::memory_order_relaxed);
-        do {
-            if (seen <= 0) {
-                return false;
-            }
-            // relaxed: the slot orders nothing; the permit does.
-        } while (!slots.compare_exchange_weak(seen, seen - 1, std::memory_order_relaxed));
-        return true;
-    }
-
-    void release_slot(int c) noexcept { m_classes[index(c)].slots_free.fetch_add(1, std::memory_order_relaxed); }
-
-    /// Class c's free admission slots (an observation).
-    [[nodiscard]] int free_slots(int c) const noexcept {
-        return std::max(m_classes[index(c)].slots_free.load(std::memory_order_relaxed), 0);
     }
 
     // --- execution permits ---------------------------------------------------
@@ -282,7 +259,8 @@ public:
     [[nodiscard]] log_linear_histogram& permit_wait(int c) noexcept { return m_classes[index(c)].permit_wait; }
 
     /// Class c's configuration and counters (not expected_queue_wait, which
-    /// the gate computes).
+    /// the gate computes, nor available_slots: detail/permit_engine.hpp
+    /// keeps the slots).
     [[nodiscard]] workload_stats stats(int c) const {
         const class_state& state = m_classes[index(c)];
         workload_stats out;
@@ -295,7 +273,6 @@ public:
         const figures now = of(c);
         out.running = now.running;
         out.queued = now.queued;
-        out.available_slots = free_slots(c);
         out.admitted = state.admitted.load(std::memory_order_relaxed);
         for (std::size_t r = 0; r < reject_reason_count; ++r) {
             out.rejected[r] = state.rejected[r].load(std::memory_order_relaxed);
@@ -312,7 +289,6 @@ private:
         int running = 0;                         // guarded by m_mutex
         int queued = 0;                          // guarded by m_mutex
         intrusive_fifo<queue_node> waiters;      // guarded by m_mutex
-        std::atomic<int> slots_free{0};          // admission slots; lock-free
         std::atomic<std::uint64_t> admitted{0};  // relaxed: statistics
         std::array<std::atomic<std::uint64_t>, reject_reason_count> rejected{};  // relaxed: statistics
         running_mean mean_hold;

@@ -3,9 +3,9 @@
 // gate_core decides admission and keeps the figures it decides with:
 //
 // - the admission slots (B + Q, or each class's ceiling + queue), tried
-//   without blocking, and the execution permits (B, FIFO): a fifo_semaphore
-//   and an admission_counter for a plain gate, a workload_scheduler for a
-//   gate with workload classes;
+//   without blocking, and the execution permits (B, FIFO), by class:
+//   detail/permit_engine.hpp (a gate without a plan has one class,
+//   "default");
 // - the adaptive limits (the gate's, and any class's ceiling);
 // - the counters and distributions behind gate_stats, and the estimates made
 //   from them: expected queue wait and suggested retry delay;
@@ -19,23 +19,24 @@
 // members are templates on the call's options alone).
 //
 // Every refusal is counted in one place, refuse(): the gate's counter, the
-// class's, and the observer's hook.
+// class's, and the observer's hook. A call's class is an index into the
+// gate's classes, 0 in a gate without a plan; what a class has of its own
+// (figures, an adaptive ceiling) only a plan gives it.
 //
 // Thread safety: all members may be called concurrently, except the
 // constructors and set_reject_hook().
 #pragma once
 
 #include <bulkhead/adaptive_limit.hpp>
-#include <bulkhead/admission_counter.hpp>
 #include <bulkhead/detail/adaptive_gate.hpp>
 #include <bulkhead/detail/held_gates.hpp>
+#include <bulkhead/detail/permit_engine.hpp>
 #include <bulkhead/detail/work_threads.hpp>
 #include <bulkhead/error.hpp>
 #include <bulkhead/fifo_semaphore.hpp>
 #include <bulkhead/gate_stats.hpp>
 #include <bulkhead/result.hpp>
 #include <bulkhead/workload.hpp>
-#include <bulkhead/workload_scheduler.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -85,11 +86,11 @@ struct admission_times {
 };
 
 /// How long a call that has its admission slot may wait for a permit, and
-/// for which class (a gate with workload classes; -1 for a plain gate).
+/// for which class.
 struct permit_wait_limit {
     std::chrono::nanoseconds wait{0};
     bool deadline_binds = false;  // the deadline, not the queue wait, sets `wait`
-    int workload = -1;
+    int workload = 0;
 };
 
 /// See the file comment.
@@ -101,17 +102,12 @@ public:
     explicit gate_core(const gate_settings& settings)
         : m_concurrent(checked_concurrent(settings)),
           m_extra_slots(settings.extra_slots),
-          m_slots(static_cast<std::int64_t>(settings.concurrent) + settings.extra_slots),
-          m_running(settings.concurrent),
           m_adaptive(settings.adaptive ? std::make_unique<adaptive_gate>(*settings.adaptive, settings.concurrent)
-                                       : nullptr) {
-        if (m_adaptive) {
-            m_running.shrink(m_concurrent - m_adaptive->start());
-        }
-        if (settings.workloads) {
-            use_classes(*settings.workloads);
-        }
-    }
+                                       : nullptr),
+          m_permits(m_concurrent, m_extra_slots, checked_plan(settings, m_adaptive.get()), limit()),
+          m_class_adaptive(class_limits(m_permits)),
+          m_adapts(m_adaptive != nullptr || !m_class_adaptive.empty()),
+          m_refusals_go_further(m_permits.has_plan()) {}
 
     gate_core(const gate_core&) = delete;
     gate_core& operator=(const gate_core&) = delete;
@@ -121,6 +117,7 @@ public:
     void set_reject_hook(void* context, void (*report)(void*, reject_reason) noexcept) noexcept {
         m_reject_context = context;
         m_reject_report = report;
+        m_refusals_go_further = m_permits.has_plan() || report != nullptr;
     }
 
     // --- admission -----------------------------------------------------------
@@ -132,8 +129,40 @@ public:
     /// \throws std::invalid_argument for a negative queue wait;
     ///         std::logic_error for a reentry or a workload not of this gate.
     template <class Call>
-    result<permit_wait_limit> take_slot(const Call& call) {
-        return m_classes ? take_slot_in<true>(call) : take_slot_in<false>(call);
+    [[gnu::always_inline]] result<permit_wait_limit> take_slot(const Call& call) {
+        check_queue_wait(call.queue_wait);
+        const int workload = checked_workload(call.workload);
+        held_gates& held = this_thread_gates;
+        while (const std::uint64_t serial = held.holds(this, call.task)) {
+            // Rare: a real reentry, or a permit of ours released elsewhere.
+            if (!m_remote.take(&held, serial)) {
+                throw std::logic_error(
+                    "bulkhead::db_bulkhead: this caller is already inside this gate (the gate is not reentrant)");
+            }
+            held.remove(serial);
+        }
+        if (call.stop.stop_requested()) {
+            return refuse(reject_reason::admission_cancelled, workload);
+        }
+        permit_wait_limit limit{std::min(call.queue_wait, m_permits.queue_wait(workload)), false, workload};
+        // The deadline is read only when the call carries one: no clock read
+        // on the common path.
+        if (call.deadline != clock::time_point::max()) {
+            const clock::time_point now = clock::now();
+            if (call.deadline <= now) {  // compared before subtracting: time_point::min() cannot overflow
+                return refuse(reject_reason::deadline_exceeded, workload);
+            }
+            const auto left = call.deadline - now;
+            if (left < limit.wait) {
+                limit.wait = std::chrono::duration_cast<std::chrono::nanoseconds>(left);
+                limit.deadline_binds = true;
+            }
+        }
+        if (!m_permits.try_take_slot(workload)) {
+            no_permit_free(workload);
+            return refuse(reject_reason::admission_full, workload);
+        }
+        return limit;
     }
 
     /// Both admission stages: a slot, then a permit (now, or after a wait).
@@ -142,44 +171,65 @@ public:
     /// transaction path) the admission and permit times are read and the
     /// permit wait recorded; without (enter()) the clock is read only for a
     /// deadline.
+    ///
+    /// Inlined where a result is returned (try_enter(), try_transaction():
+    /// out of line, the result's copy stalled and a rejection took 3.4
+    /// times as long), and called out of line, admit_out_of_line(), where a
+    /// rejection is thrown: the thrower then stays small enough to inline
+    /// into its caller, and the unwinder walks one frame fewer (inlined, a
+    /// thrown rejection took 1.4 times as long). Release flags, g++ 12,
+    /// bench/micro reject/*.
     template <class Call>
-    result<permit_wait_limit> admit(const Call& call, admission_times* times) {
-        return m_classes ? admit_in<true>(call, times) : admit_in<false>(call, times);
+    [[gnu::always_inline]] result<permit_wait_limit> admit(const Call& call, admission_times* times) {
+        result<permit_wait_limit> slot = take_slot(call);
+        if (!slot) {
+            return slot;
+        }
+        if (times != nullptr) {
+            // After admission: a rejection reads no clock.
+            times->admitted = times->permitted = clock::now();
+        }
+        if (m_permits.try_acquire(slot->workload)) {
+            if (times != nullptr) {
+                record_permit_wait(*slot, std::chrono::nanoseconds(0));
+            }
+            return slot;
+        }
+        return wait_for_permit(call, *slot, times);
+    }
+
+    /// admit(), out of line: see there.
+    template <class Call>
+    [[gnu::noinline]] result<permit_wait_limit> admit_out_of_line(const Call& call, admission_times* times) {
+        return admit(call, times);
     }
 
     /// A permit now, for a call of `limit`'s class, if one is free to take.
     [[nodiscard]] bool try_acquire(const permit_wait_limit& limit) noexcept {
-        return limit.workload >= 0 ? m_classes->try_acquire(limit.workload) : m_running.try_acquire();
+        return m_permits.try_acquire(limit.workload);
     }
 
     /// A permit now, or `node` queued for one (with its class's waiters).
     [[nodiscard]] bool acquire_or_enqueue(const permit_wait_limit& limit, fifo_semaphore::async_node& node) noexcept {
-        return limit.workload >= 0 ? m_classes->acquire_or_enqueue(limit.workload, node)
-                                   : m_running.acquire_or_enqueue(node);
+        return m_permits.acquire_or_enqueue(limit.workload, node);
     }
 
     /// Takes a queued `node` out, unless a grant has reached it.
     [[nodiscard]] bool cancel(const permit_wait_limit& limit, fifo_semaphore::async_node& node) noexcept {
-        return limit.workload >= 0 ? m_classes->cancel(limit.workload, node) : m_running.cancel(node);
+        return m_permits.cancel(limit.workload, node);
     }
 
     /// Gives back the admission slot that `limit` was taken with.
-    void release_slot(const permit_wait_limit& limit) noexcept {
-        if (limit.workload >= 0) {
-            m_classes->release_slot(limit.workload);
-        } else {
-            m_slots.release();
-        }
-    }
+    void release_slot(const permit_wait_limit& limit) noexcept { m_permits.release_slot(limit.workload); }
 
-    /// Counts a refusal of a call of class `workload` (-1: a plain gate's)
-    /// and reports it; returns its reason. The one place a refusal is
-    /// counted. Always inlined: called from a dozen places, it is not
-    /// otherwise, and the call cost the plain rejection path a sixth of its
-    /// instructions (callgrind, bench/micro reject/gate_try_enter).
+    /// Counts a refusal of a call of class `workload` and reports it;
+    /// returns its reason. The one place a refusal is counted. Always
+    /// inlined: called from a dozen places, it is not otherwise, and the
+    /// call cost the rejection path a sixth of its instructions (callgrind,
+    /// bench/micro reject/gate_try_enter).
     [[gnu::always_inline]] reject_reason refuse(reject_reason reason, int workload) noexcept {
         m_metrics.rejected(reason);
-        if (workload >= 0 || m_reject_report != nullptr) {
+        if (m_refusals_go_further) [[unlikely]] {
             refuse_further(reason, workload);
         }
         return reason;
@@ -205,8 +255,11 @@ public:
         if (!call.reject_unreachable_deadline || !limit.deadline_binds) {
             return false;
         }
-        const std::chrono::nanoseconds wait = queue_wait_estimate(limit.workload);
-        return wait.count() > 0 && wait + work_estimate(limit.workload) > limit.wait;
+        const class_view of = view(limit.workload);
+        const std::chrono::nanoseconds wait = queue_wait_estimate(of);
+        const std::chrono::nanoseconds work =
+            of.committed_hold.count() > 0 ? of.committed_hold : m_metrics.mean_committed_hold();
+        return wait.count() > 0 && wait + work > limit.wait;
     }
 
     /// Refuses such a call: the slot goes back, deadline_exceeded, counted
@@ -216,11 +269,11 @@ public:
         return refuse_after_slot(wait_status::timed_out, limit);
     }
 
-    /// A call (of class `workload`, -1 for none) found no permit free: an
-    /// adaptive limit counts it, and may use the moment to reconsider
-    /// itself; so does the class's adaptive ceiling.
+    /// A call of class `workload` found no permit free: an adaptive limit
+    /// counts it, and may use the moment to reconsider itself; so does the
+    /// class's adaptive ceiling.
     void no_permit_free(int workload) noexcept {
-        if (m_adaptive || workload >= 0) {
+        if (m_adapts) [[unlikely]] {
             adapt_to_no_permit_free(workload);
         }
     }
@@ -228,29 +281,18 @@ public:
     /// Records a permit wait (for its class too).
     void record_permit_wait(const permit_wait_limit& limit, std::chrono::nanoseconds waited) noexcept {
         m_metrics.permit_wait.record(waited);
-        if (limit.workload >= 0) {
-            m_classes->permit_wait(limit.workload).record(waited);
-        }
+        m_permits.permit_waited(limit.workload, waited);
     }
 
     /// Counts an admission (of class `workload`).
     void count_admitted(int workload) noexcept {
         m_metrics.admitted();
-        if (workload >= 0) {
-            m_classes->admitted(workload);
-        }
+        m_permits.admitted(workload);
     }
 
-    /// Releases one execution permit, then one admission slot (of class
-    /// `workload` in a gate with classes).
-    void leave(int workload) noexcept {
-        if (workload < 0) {
-            m_running.release();
-            m_slots.release();
-        } else {
-            leave_class(workload);
-        }
-    }
+    /// Releases one execution permit, then one admission slot, of class
+    /// `workload`.
+    void leave(int workload) noexcept { m_permits.leave(workload); }
 
     /// Notes a permit of this gate released on another thread than the one
     /// that entered (detail/held_gates.hpp).
@@ -271,12 +313,10 @@ public:
             m_adaptive->finished(held);
             update_limit(now);
         }
-        if (workload >= 0) [[unlikely]] {
-            m_classes->held(workload, held);
-            if (committed) {
-                m_classes->committed(workload, held);
-            }
-            class_finishing(now, held, workload);
+        m_permits.held(workload, held, committed);
+        if (adaptive_gate* adapting = class_adaptive(workload)) [[unlikely]] {
+            adapting->finished(held);
+            update_class_limit(*adapting, workload, now);
         }
     }
 
@@ -311,27 +351,21 @@ public:
         }
     }
 
-    /// The class index of `workload` in this gate: -1 for a plain gate's
-    /// one class.
+    /// The class index of `workload` in this gate.
     /// \throws std::logic_error when it is not one of the gate's classes.
     [[nodiscard]] int checked_workload(workload_id workload) const {
-        const int classes = m_classes ? m_classes->classes() : 1;
-        if (workload.index < 0 || workload.index >= classes) {
-            throw std::logic_error("bulkhead::db_bulkhead: workload id " + std::to_string(workload.index) +
-                                   " is not a class of this gate (it has " + std::to_string(classes) +
-                                   "); take ids from gate.workload(name)");
+        // One unsigned comparison: a negative index is a huge one.
+        if (static_cast<unsigned>(workload.index) >= static_cast<unsigned>(m_permits.classes())) [[unlikely]] {
+            throw_not_a_class(workload);
         }
-        return class_of(workload);
+        return workload.index;
     }
-
-    /// The class index of a call already admitted (-1 for a plain gate).
-    [[nodiscard]] int class_of(workload_id workload) const noexcept { return m_classes ? workload.index : -1; }
 
     /// The class named `name`.
     /// \throws std::invalid_argument when the gate has no such class.
     [[nodiscard]] workload_id find(std::string_view name) const {
-        const int found = m_classes ? m_classes->find(name) : (name == "default" ? 0 : -1);
-        if (found < 0) {
+        const std::optional<int> found = m_permits.find(name);
+        if (!found) {
             std::string message = "bulkhead::db_bulkhead: no workload class named \"";
             message.append(name.substr(0, 40));
             message += "\"; this gate has:";
@@ -341,24 +375,14 @@ public:
             }
             throw std::invalid_argument(message);
         }
-        return workload_id{found};
+        return workload_id{*found};
     }
 
     /// The names of the gate's classes, in id order ("default" for a
     /// plain gate).
-    [[nodiscard]] std::vector<std::string> names() const {
-        std::vector<std::string> out;
-        if (!m_classes) {
-            out.emplace_back("default");
-            return out;
-        }
-        for (int c = 0; c < m_classes->classes(); ++c) {
-            out.push_back(m_classes->config(c).name);
-        }
-        return out;
-    }
+    [[nodiscard]] std::vector<std::string> names() const { return m_permits.names(); }
 
-    [[nodiscard]] bool has_workloads() const noexcept { return m_classes != nullptr; }
+    [[nodiscard]] bool has_workloads() const noexcept { return m_permits.has_plan(); }
 
     // --- observations (stale as soon as they return) -------------------------
 
@@ -369,62 +393,31 @@ public:
     /// The permits in circulation: B, or the adaptive limit.
     [[nodiscard]] int limit() const noexcept { return m_adaptive ? m_adaptive->limit() : m_concurrent; }
 
-    [[nodiscard]] int available() const noexcept {
-        if (m_classes) {
-            return std::max(limit() - m_classes->total().running, 0);
-        }
-        return static_cast<int>(m_running.available());
+    [[nodiscard]] int available() const noexcept { return m_permits.available(limit()); }
+    [[nodiscard]] int available_slots() const noexcept { return m_permits.available_slots(); }
+    [[nodiscard]] int waiting() const noexcept { return m_permits.waiting(); }
+    [[nodiscard]] int running() const noexcept { return m_permits.running(limit()); }
+
+    /// db_bulkhead::expected_queue_wait(): for the whole gate.
+    [[nodiscard]] std::chrono::nanoseconds expected_queue_wait() const noexcept {
+        return available() > 0 ? std::chrono::nanoseconds(0) : queue_wait_estimate(gate_view());
     }
 
-    [[nodiscard]] int available_slots() const noexcept {
-        if (m_classes) {
-            int free = 0;
-            for (int c = 0; c < m_classes->classes(); ++c) {
-                free += m_classes->free_slots(c);
-            }
-            return free;
-        }
-        return static_cast<int>(m_slots.available());
-    }
-
-    [[nodiscard]] int waiting() const noexcept {
-        return m_classes ? m_classes->total().queued : static_cast<int>(m_running.waiting());
-    }
-
-    [[nodiscard]] int running() const noexcept {
-        if (m_classes) {
-            return m_classes->total().running;
-        }
-        return std::max(limit() - static_cast<int>(m_running.balance()), 0);
-    }
-
-    /// db_bulkhead::expected_queue_wait() for class `workload` (-1: the
-    /// whole gate).
+    /// The same for class `workload`.
     [[nodiscard]] std::chrono::nanoseconds expected_queue_wait(int workload) const noexcept {
-        if (workload < 0) {
-            return available() > 0 ? std::chrono::nanoseconds(0) : queue_wait_estimate(-1);
-        }
-        if (m_classes->of(workload).queued == 0 && m_classes->free_for(workload) > 0) {
+        const class_view of = view(workload);
+        if (of.queued == 0 && m_permits.free_for(workload, limit()) > 0) {
             return std::chrono::nanoseconds(0);
         }
-        return queue_wait_estimate(workload);
+        return queue_wait_estimate(of);
     }
 
-    /// db_bulkhead::suggested_retry_delay() for class `workload` (-1: the
-    /// whole gate).
+    /// db_bulkhead::suggested_retry_delay(): for the whole gate.
+    [[nodiscard]] std::chrono::milliseconds retry_delay() const noexcept { return retry_delay_of(gate_view()); }
+
+    /// The same for class `workload`.
     [[nodiscard]] std::chrono::milliseconds retry_delay(int workload) const noexcept {
-        int inside = 0;
-        if (workload >= 0) {
-            const workload_scheduler::figures now = m_classes->of(workload);
-            inside = now.running + now.queued;
-        } else {
-            inside = running() + waiting();
-        }
-        const std::chrono::nanoseconds delay = spread_over_permits(inside + 1, workload);
-        if (delay.count() == 0) {
-            return std::chrono::milliseconds(0);
-        }
-        return std::max(std::chrono::ceil<std::chrono::milliseconds>(delay), std::chrono::milliseconds(1));
+        return retry_delay_of(view(workload));
     }
 
     /// Fills everything of `stats` that admission knows.
@@ -446,11 +439,11 @@ public:
             stats.limit_floor = stats.concurrent;
         }
         m_metrics.copy_to(stats);
-        stats.expected_queue_wait = expected_queue_wait(-1);
-        stats.suggested_retry_delay = retry_delay(-1);
-        if (m_classes) {
-            for (int c = 0; c < m_classes->classes(); ++c) {
-                workload_stats& one = stats.workloads.emplace_back(m_classes->stats(c));
+        stats.expected_queue_wait = expected_queue_wait();
+        stats.suggested_retry_delay = retry_delay();
+        if (m_permits.has_plan()) {
+            for (int c = 0; c < m_permits.classes(); ++c) {
+                workload_stats& one = stats.workloads.emplace_back(m_permits.stats(c));
                 one.expected_queue_wait = expected_queue_wait(c);
                 if (const adaptive_gate* adapting = class_adaptive(c)) {
                     one.adaptive = true;
@@ -462,84 +455,15 @@ public:
     }
 
 private:
-    template <bool Classed, class Call>
-    result<permit_wait_limit> take_slot_in(const Call& call) {
-        check_queue_wait(call.queue_wait);
-        const int workload = Classed ? checked_workload(call.workload) : -1;
-        if constexpr (!Classed) {
-            if (call.workload.index != 0) [[unlikely]] {
-                (void)checked_workload(call.workload);  // throws
-            }
-        }
-        held_gates& held = this_thread_gates;
-        while (const std::uint64_t serial = held.holds(this, call.task)) {
-            // Rare: a real reentry, or a permit of ours released elsewhere.
-            if (!m_remote.take(&held, serial)) {
-                throw std::logic_error(
-                    "bulkhead::db_bulkhead: this caller is already inside this gate (the gate is not reentrant)");
-            }
-            held.remove(serial);
-        }
-        if (call.stop.stop_requested()) {
-            return refuse(reject_reason::admission_cancelled, workload);
-        }
-        permit_wait_limit limit{call.queue_wait, false, workload};
-        if constexpr (Classed) {
-            limit.wait = std::min(limit.wait, m_classes->config(workload).queue_wait);
-        }
-        // The deadline is read only when the call carries one: no clock read
-        // on the common path.
-        if (call.deadline != clock::time_point::max()) {
-            const clock::time_point now = clock::now();
-            if (call.deadline <= now) {  // compared before subtracting: time_point::min() cannot overflow
-                return refuse(reject_reason::deadline_exceeded, workload);
-            }
-            const auto left = call.deadline - now;
-            if (left < limit.wait) {
-                limit.wait = std::chrono::duration_cast<std::chrono::nanoseconds>(left);
-                limit.deadline_binds = true;
-            }
-        }
-        const bool slot = Classed ? m_classes->try_take_slot(workload) : m_slots.try_acquire();
-        if (!slot) {
-            no_permit_free(workload);
-            return refuse(reject_reason::admission_full, workload);
-        }
-        return limit;
-    }
-
-    template <bool Classed, class Call>
-    result<permit_wait_limit> admit_in(const Call& call, admission_times* times) {
-        result<permit_wait_limit> slot = take_slot_in<Classed>(call);
-        if (!slot) {
-            return slot;
-        }
-        if (times != nullptr) {
-            // After admission: a rejection reads no clock.
-            times->admitted = times->permitted = clock::now();
-        }
-        const int workload = Classed ? slot->workload : -1;  // a constant for the plain gate
-        if (Classed ? m_classes->try_acquire(workload) : m_running.try_acquire()) {
-            if (times != nullptr) {
-                m_metrics.permit_wait.record(0U);
-                if constexpr (Classed) {
-                    m_classes->permit_wait(workload).record(0U);
-                }
-            }
-            return slot;
-        }
-        return wait_for_permit<Classed>(call, *slot, times);
-    }
-
     /// admit()'s second stage when no permit was free: the wait.
-    template <bool Classed, class Call>
-    result<permit_wait_limit> wait_for_permit(const Call& call, const permit_wait_limit& slot, admission_times* times) {
+    template <class Call>
+    [[gnu::noinline]] result<permit_wait_limit> wait_for_permit(const Call& call, const permit_wait_limit& slot,
+                                                                admission_times* times) {
         no_permit_free(slot.workload);
         if (deadline_unreachable(call, slot)) {
             return refuse_unreachable_deadline(slot);
         }
-        const wait_status waited = Classed ? m_classes->try_acquire_for(slot.workload, slot.wait, call.stop)
-                                           : m_running.try_acquire_for(slot.wait, call.stop);
+        const wait_status waited = m_permits.try_acquire_for(slot.workload, slot.wait, call.stop);
         if (times != nullptr) {
             times->permitted = clock::now();
             record_permit_wait(slot, times->permitted - times->admitted);
@@ -550,56 +474,61 @@ private:
         return slot;
     }
 
-    /// `calls` permit holds of the running mean (of class `workload`, when
-    /// it has one yet) spread over the permits they can use; zero before
-    /// the first transaction finished. Saturates instead of overflowing.
-    [[nodiscard]] std::chrono::nanoseconds spread_over_permits(int calls, int workload) const noexcept {
-        std::chrono::nanoseconds hold = m_metrics.mean_permit_hold();
-        int permits = limit();
-        if (workload >= 0) {
-            const std::chrono::nanoseconds own = m_classes->mean_hold(workload);
-            hold = own.count() > 0 ? own : hold;
-            permits = m_classes->usable_by(workload);
-        }
-        const double spread =
-            static_cast<double>(hold.count()) * static_cast<double>(calls) / static_cast<double>(std::max(permits, 1));
+    /// What the estimates read of the whole gate, or of one class: the calls
+    /// holding and awaiting permits, the permits they can use, and their
+    /// mean holds (zero: none yet, or the gate's serve).
+    struct class_view {
+        int running = 0;
+        int queued = 0;
+        int permits = 1;
+        std::chrono::nanoseconds hold{0};
+        std::chrono::nanoseconds committed_hold{0};
+    };
+
+    [[nodiscard]] class_view gate_view() const noexcept { return {running(), waiting(), limit(), {}, {}}; }
+
+    [[nodiscard]] class_view view(int workload) const noexcept {
+        const int now = limit();
+        const workload_scheduler::figures of = m_permits.of(workload, now);
+        return {of.running, of.queued, m_permits.usable_by(workload, now), m_permits.mean_hold(workload),
+                m_permits.mean_committed_hold(workload)};
+    }
+
+    /// `calls` permit holds of the running mean (the class's, when it has
+    /// one yet) spread over the permits they can use; zero before the first
+    /// transaction finished. Saturates instead of overflowing.
+    [[nodiscard]] std::chrono::nanoseconds spread_over_permits(int calls, const class_view& of) const noexcept {
+        const std::chrono::nanoseconds hold = of.hold.count() > 0 ? of.hold : m_metrics.mean_permit_hold();
+        const double spread = static_cast<double>(hold.count()) * static_cast<double>(calls) /
+                              static_cast<double>(std::max(of.permits, 1));
         constexpr double most = 9.0e18;  // below INT64_MAX, exactly representable
         return std::chrono::nanoseconds(spread < most ? static_cast<std::int64_t>(spread)
                                                       : static_cast<std::int64_t>(most));
     }
 
-    /// The expected permit wait of a call (of class `workload`) that finds
-    /// no permit free.
-    [[nodiscard]] std::chrono::nanoseconds queue_wait_estimate(int workload) const noexcept {
-        const int ahead = workload >= 0 ? m_classes->of(workload).queued : waiting();
-        return spread_over_permits(ahead + 1, workload);
+    /// The expected permit wait of a call that finds no permit free.
+    [[nodiscard]] std::chrono::nanoseconds queue_wait_estimate(const class_view& of) const noexcept {
+        return spread_over_permits(of.queued + 1, of);
     }
 
-    /// How long a call of class `workload` (-1: the gate) holds its permit
-    /// when it commits: the class's mean once it has one, else the gate's.
-    [[nodiscard]] std::chrono::nanoseconds work_estimate(int workload) const noexcept {
-        if (workload >= 0) {
-            const std::chrono::nanoseconds own = m_classes->mean_committed_hold(workload);
-            if (own.count() > 0) {
-                return own;
-            }
+    [[nodiscard]] std::chrono::milliseconds retry_delay_of(const class_view& of) const noexcept {
+        const std::chrono::nanoseconds delay = spread_over_permits(of.running + of.queued + 1, of);
+        if (delay.count() == 0) {
+            return std::chrono::milliseconds(0);
         }
-        return m_metrics.mean_committed_hold();
+        return std::max(std::chrono::ceil<std::chrono::milliseconds>(delay), std::chrono::milliseconds(1));
     }
 
-    /// leave() for a gate with classes; out of line, as it is larger than
-    /// the plain gate's path it sits beside (callgrind: 8 instructions more
-    /// on every plain release when inlined).
-    [[gnu::noinline]] void leave_class(int workload) noexcept {
-        m_classes->release(workload);
-        m_classes->release_slot(workload);
+    [[gnu::cold, gnu::noinline, noreturn]] void throw_not_a_class(workload_id workload) const {
+        throw std::logic_error("bulkhead::db_bulkhead: workload id " + std::to_string(workload.index) +
+                               " is not a class of this gate (it has " + std::to_string(m_permits.classes()) +
+                               "); take ids from gate.workload(name)");
     }
 
-    /// refuse() for a class, and for the observer.
+    /// refuse() for the class's figures and the observer: out of line, so
+    /// that the rejection path without either stays small.
     void refuse_further(reject_reason reason, int workload) noexcept {
-        if (workload >= 0) {
-            m_classes->rejected(workload, reason);
-        }
+        m_permits.rejected(workload, reason);
         if (m_reject_report != nullptr) {
             m_reject_report(m_reject_context, reason);
         }
@@ -611,90 +540,59 @@ private:
             m_adaptive->limited();
             update_limit(clock::now());
         }
-        if (workload >= 0) {
-            class_no_permit_free(workload);
-        }
-    }
-
-    /// A gate with workload classes: `plan` checked against B (G10); the
-    /// classes' admission slots (ceiling + queue each) replace B + Q.
-    void use_classes(const workload_plan& plan) {
-        const workload_plan checked = checked_workload_plan(plan, m_concurrent);
-        const int reserved = reserved_permits(checked);
-        if (m_adaptive && m_adaptive->floor() < reserved) {
-            throw std::invalid_argument("bulkhead::db_bulkhead: the adaptive floor " +
-                                        std::to_string(m_adaptive->floor()) +
-                                        " is below the classes' reserved permits, " + std::to_string(reserved) +
-                                        ": a limit that low could not honour the reservations");
-        }
-        m_classes = std::make_unique<workload_scheduler>(checked, limit());
-        const bool any_adapts = std::any_of(checked.classes.begin(), checked.classes.end(),
-                                            [](const workload_class& c) { return c.adaptive_floor > 0; });
-        if (any_adapts) {
-            for (const workload_class& c : checked.classes) {
-                m_class_adaptive.push_back(
-                    c.adaptive_floor > 0
-                        ? std::make_unique<adaptive_gate>(adaptive_options{.floor = c.adaptive_floor}, c.ceiling)
-                        : nullptr);
-            }
-        }
-    }
-
-    /// Class `workload`'s adaptive ceiling, or null (a fixed one, or a
-    /// plain gate: -1).
-    [[nodiscard]] adaptive_gate* class_adaptive(int workload) const noexcept {
-        return workload >= 0 && !m_class_adaptive.empty() ? m_class_adaptive[static_cast<std::size_t>(workload)].get()
-                                                          : nullptr;
-    }
-
-    /// no_permit_free() for a class's adaptive ceiling.
-    void class_no_permit_free(int workload) noexcept {
         if (adaptive_gate* adapting = class_adaptive(workload)) {
             adapting->limited();
             update_class_limit(*adapting, workload, clock::now());
         }
     }
 
-    /// finishing() for a class's adaptive ceiling.
-    void class_finishing(clock::time_point now, std::chrono::nanoseconds held, int workload) noexcept {
-        if (adaptive_gate* adapting = class_adaptive(workload)) {
-            adapting->finished(held);
-            update_class_limit(*adapting, workload, now);
+    /// The plan, checked against B (G10) and against an adaptive floor.
+    static std::optional<workload_plan> checked_plan(const gate_settings& settings, const adaptive_gate* adaptive) {
+        if (!settings.workloads) {
+            return std::nullopt;
         }
+        workload_plan checked = checked_workload_plan(*settings.workloads, settings.concurrent);
+        const int reserved = reserved_permits(checked);
+        if (adaptive != nullptr && adaptive->floor() < reserved) {
+            throw std::invalid_argument("bulkhead::db_bulkhead: the adaptive floor " +
+                                        std::to_string(adaptive->floor()) +
+                                        " is below the classes' reserved permits, " + std::to_string(reserved) +
+                                        ": a limit that low could not honour the reservations");
+        }
+        return checked;
     }
 
-    /// A class's ceiling, as adaptive_gate resizes it.
-    struct class_ceiling {
-        workload_scheduler& scheduler;
-        int workload;
-        int limit;
-        [[nodiscard]] std::int64_t balance() const noexcept { return limit - scheduler.of(workload).running; }
-        void release(std::int64_t count) const noexcept { scheduler.grow_ceiling(workload, count); }
-        void shrink(std::int64_t count) const noexcept { scheduler.shrink_ceiling(workload, count); }
-    };
+    /// One adaptive ceiling per class when any class's ceiling adapts (null
+    /// for a fixed one); none otherwise.
+    static std::vector<std::unique_ptr<adaptive_gate>> class_limits(const permit_engine& permits) {
+        std::vector<std::unique_ptr<adaptive_gate>> out;
+        bool any_adapts = false;
+        for (int c = 0; c < permits.classes() && permits.has_plan(); ++c) {
+            any_adapts = any_adapts || permits.config(c).adaptive_floor > 0;
+        }
+        for (int c = 0; c < permits.classes() && any_adapts; ++c) {
+            const workload_class& config = permits.config(c);
+            out.push_back(
+                config.adaptive_floor > 0
+                    ? std::make_unique<adaptive_gate>(adaptive_options{.floor = config.adaptive_floor}, config.ceiling)
+                    : nullptr);
+        }
+        return out;
+    }
+
+    /// Class `workload`'s adaptive ceiling, or null (a fixed one).
+    [[nodiscard]] adaptive_gate* class_adaptive(int workload) const noexcept {
+        return m_class_adaptive.empty() ? nullptr : m_class_adaptive[static_cast<std::size_t>(workload)].get();
+    }
 
     void update_class_limit(adaptive_gate& adapting, int workload, clock::time_point now) noexcept {
-        class_ceiling ceiling{*m_classes, workload, adapting.limit()};
+        permit_engine::ceiling ceiling = m_permits.ceiling_of(workload, adapting.limit());
         adapting.maybe_update(now, ceiling);
     }
 
-    /// The shared permits of a gate with classes, as adaptive_gate resizes
-    /// them.
-    struct class_permits {
-        workload_scheduler& scheduler;
-        int limit;
-        [[nodiscard]] std::int64_t balance() const noexcept { return limit - scheduler.total().running; }
-        void release(std::int64_t count) const noexcept { scheduler.grow(count); }
-        void shrink(std::int64_t count) const noexcept { scheduler.shrink(count); }
-    };
-
     void update_limit(clock::time_point now) noexcept {
-        if (m_classes) {
-            class_permits permits{*m_classes, m_adaptive->limit()};
-            m_adaptive->maybe_update(now, permits);
-        } else {
-            m_adaptive->maybe_update(now, m_running);
-        }
+        permit_engine::circulation permits{m_permits, m_adaptive->limit()};
+        m_adaptive->maybe_update(now, permits);
     }
 
     static int checked_concurrent(const gate_settings& settings) {
@@ -717,17 +615,15 @@ private:
 
     int m_concurrent;
     int m_extra_slots;
-    // null: a plain gate (m_slots and m_running serve). Beside B and Q, on
-    // the line every call reads already.
-    std::unique_ptr<workload_scheduler> m_classes;
-    admission_counter m_slots;                  // B + Q, never waited on
-    fifo_semaphore m_running;                   // B, FIFO
-    work_threads m_workers{m_concurrent};       // B threads for asynchronous callers' work, started on first use
-    remote_releases m_remote;                   // permits released on another thread than the entering one
     std::unique_ptr<adaptive_gate> m_adaptive;  // null: a fixed limit of B
+    permit_engine m_permits;
     // One per class when any class's ceiling adapts (null for a fixed one);
     // empty otherwise.
     std::vector<std::unique_ptr<adaptive_gate>> m_class_adaptive;
+    bool m_adapts;                         // a limit adapts: the gate's or a class's
+    bool m_refusals_go_further;            // a refusal is counted for a plan's class, or reported to an observer
+    work_threads m_workers{m_concurrent};  // B threads for asynchronous callers' work, started on first use
+    remote_releases m_remote;              // permits released on another thread than the entering one
     gate_metrics m_metrics;
     void* m_reject_context = nullptr;
     void (*m_reject_report)(void*, reject_reason) noexcept = nullptr;
