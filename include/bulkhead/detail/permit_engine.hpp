@@ -17,7 +17,7 @@
 //   (nothing is counted twice);
 // - a plan: workload_scheduler (reserved and shared permits, ceilings,
 //   priorities), whose permits sit under one mutex, and per-class figures.
-// Why two: the scheduler's mutex costs an enter and a leave about 60 %
+// Why two: the scheduler's mutex costs an enter and a leave about two thirds
 // more than the semaphore's atomic word (bench/micro gate/enter_leave
 // against gate_classes/enter_leave, docs/performance.md), and a gate
 // without a plan needs none of what the mutex protects. Each representation is
