@@ -1,6 +1,7 @@
 // bulkhead: immediate, lock-free admission.
 //
-// admission_counter holds the B + Q admission slots of a gate. Taking a slot
+// admission_counter holds admission slots: a gate's B + Q, or one workload
+// class's ceiling + queue (detail/permit_engine.hpp). Taking a slot
 // is a single compare-and-swap loop on one atomic integer: no lock, no
 // syscall, no yield, no allocation, on success and on failure alike. A caller
 // that finds no slot is told so at once; that is the whole point (compare
@@ -9,7 +10,8 @@
 //
 // Fairness: none, on purpose. The counter never queues anybody, so "who gets
 // the last slot" is decided by whichever compare-and-swap lands first. Order
-// among admitted callers is established later, by the gate's fifo_semaphore.
+// among admitted callers is established later, by the permits
+// (fifo_semaphore, or workload_scheduler for a gate with classes).
 //
 // Thread safety: every member may be called from any number of threads at
 // once. A successful try_acquire() synchronizes with the release() that made

@@ -38,10 +38,6 @@ public:
           m_limit(m_controller.limit()),
           m_started(clock::now()) {}
 
-    /// The limit it starts at (the floor): a gate of B permits takes
-    /// B - start() out of circulation when it is built.
-    [[nodiscard]] int start() const noexcept { return m_controller.limit(); }
-
     adaptive_gate(const adaptive_gate&) = delete;
     adaptive_gate& operator=(const adaptive_gate&) = delete;
 

@@ -525,8 +525,8 @@ private:
                                "); take ids from gate.workload(name)");
     }
 
-    /// refuse() for the class's figures and the observer: out of line, so
-    /// that the rejection path without either stays small.
+    /// refuse() for the class's figures and the observer, behind one test
+    /// on the rejection path that has neither.
     void refuse_further(reject_reason reason, int workload) noexcept {
         m_permits.rejected(workload, reason);
         if (m_reject_report != nullptr) {

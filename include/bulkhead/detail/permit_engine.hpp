@@ -292,11 +292,12 @@ private:
     // Inside the engine, not on the heap: the slot is then at a fixed
     // offset from the gate, one dependent load fewer before its
     // compare-and-swap (a tenth of a rejection's time, bench/micro
-    // reject/gate_try_enter).
+    // reject/gate_try_enter). The price: room for every class a plan may
+    // have, a cache line or more each (about 4 KiB per gate).
     std::array<class_admission, max_workloads> m_admission{};
     // null: no plan (m_running serves).
     std::unique_ptr<workload_scheduler> m_scheduler;
-    fifo_semaphore m_running;  // B, FIFO
+    fifo_semaphore m_running;  // no plan: B, FIFO (with a plan: 0, unused)
 };
 
 }  // namespace bulkhead::detail
