@@ -102,9 +102,8 @@ TEST_CASE("[B4] an SQL error in the callback rolls back and reaches the caller w
 
 TEST_CASE("[B5] a commit that fails leaves nothing committed, releases the permits and a healthy pool", "[pg][B5]") {
     scratch_table parent("bulkhead_b5_parent", "id int PRIMARY KEY");
-    scratch_table child(
-        "bulkhead_b5_child",
-        "id int PRIMARY KEY, parent int REFERENCES bulkhead_b5_parent(id) DEFERRABLE INITIALLY DEFERRED");
+    scratch_table child("bulkhead_b5_child", "id int PRIMARY KEY, parent int REFERENCES " + parent.name() +
+                                                 "(id) DEFERRABLE INITIALLY DEFERRED");
     bulkhead::pqxx_pool pool(pool_options("bulkhead-b5"));
     gate_t gate(pool, 1, 0);
     // The statements succeed; the deferred foreign key fails only at COMMIT.

@@ -237,9 +237,8 @@ TEST_CASE("[C8] with the server down acquiring fails clearly without the passwor
 TEST_CASE("[C9] after 1,000 calls failing in every way, mixed, the gate and the pool are back to full",
           "[pg][C9][stress]") {
     scratch_table parent("bulkhead_c9_parent", "id int PRIMARY KEY");
-    scratch_table child(
-        "bulkhead_c9_child",
-        "id serial PRIMARY KEY, parent int REFERENCES bulkhead_c9_parent(id) DEFERRABLE INITIALLY DEFERRED");
+    scratch_table child("bulkhead_c9_child", "id serial PRIMARY KEY, parent int REFERENCES " + parent.name() +
+                                                 "(id) DEFERRABLE INITIALLY DEFERRED");
     auto options = pool_options("bulkhead-c9", 3);
     options.connection_timeout = 250ms;
     bulkhead::pqxx_pool pool(options);

@@ -13,6 +13,8 @@
 
 #include "catch.hpp"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <exception>
@@ -127,7 +129,11 @@ struct counting_observer {
 /// A scratch table owned by one test, dropped before and after.
 class scratch_table {
 public:
-    scratch_table(std::string name, const std::string& columns) : m_name(std::move(name)) {
+    /// `name` with this process's id after it: the direct pass and the
+    /// pgbouncer pass of one test never share a table, also when they run
+    /// at the same time.
+    scratch_table(const std::string& name, const std::string& columns)
+        : m_name(name + "_" + std::to_string(::getpid())) {
         auto connection = outside_connection();
         pqxx::work tx(connection);
         exec_no_rows(tx, "DROP TABLE IF EXISTS " + m_name);
