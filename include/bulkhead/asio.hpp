@@ -127,9 +127,10 @@ inline asio::io_context& queue_wait_clock() {
 /// (detail/gate_core.hpp, the same members the blocking path calls), the
 /// checks of a call, and the pool path for a call admitted elsewhere.
 struct async_access {
-    /// What the callback receives.
-    template <class Gate>
-    using work_arg_t = decltype(*std::declval<typename Gate::pool_type::transaction&>());
+    /// What a callback of type Work returns (it receives the pool's
+    /// transaction, or its deferred transaction: see db_bulkhead).
+    template <class Gate, class Work>
+    using work_result_t = typename Gate::template work_result_t<Work>;
 
     template <class Gate>
     static gate_core& core(Gate& gate) noexcept {
@@ -191,7 +192,7 @@ template <class Gate, class Work, class Handler>
 class transaction_operation final : public fifo_semaphore::async_node, public work_job {
 public:
     using options = typename Gate::options;
-    using value_type = std::invoke_result_t<Work&, async_access::work_arg_t<Gate>>;
+    using value_type = async_access::work_result_t<Gate, Work>;
     using executor_type = asio::associated_executor_t<Handler>;
     using allocator_type = asio::associated_allocator_t<Handler>;
     using times_type = admission_times;
@@ -586,7 +587,7 @@ struct async_frontend {
     static auto initiate(Gate& gate, const typename Gate::options& call, Work&& work, std::exception_ptr* failure,
                          CompletionToken&& token) {
         async_access::check_call(gate, call, work);
-        using value_type = std::invoke_result_t<std::decay_t<Work>&, async_access::work_arg_t<Gate>>;
+        using value_type = async_access::work_result_t<Gate, std::decay_t<Work>>;
         using signature = typename async_signature<value_type>::type;
         return asio::async_initiate<CompletionToken, signature>(initiate_transaction<Gate>{&gate}, token, call,
                                                                 std::forward<Work>(work), failure);

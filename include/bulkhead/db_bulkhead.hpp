@@ -75,14 +75,28 @@ template <class Pool, class Observer = null_observer>
 class db_bulkhead {
     static_assert(detail::check_pool<Pool>());
 
+public:
     /// What the callback receives: `*transaction`.
     using work_arg_t = decltype(*std::declval<typename Pool::transaction&>());
 
+    /// The pool's transaction with BEGIN deferred (pool_defers_begin), or void.
+    using deferred_arg_t = typename detail::deferred_arg<Pool>::type;
+
+    /// True for a callback that takes the pool's deferred transaction, not
+    /// `*transaction` (a generic callback takes `*transaction`): BEGIN then
+    /// goes with its first statement.
+    template <class Work>
+    static constexpr bool defers_begin = !std::is_void_v<deferred_arg_t> && !std::is_invocable_v<Work&, work_arg_t> &&
+                                         std::is_invocable_v<Work&, deferred_arg_t>;
+
+    /// What a callback of type Work receives.
+    template <class Work>
+    using work_arg_for = std::conditional_t<defers_begin<Work>, deferred_arg_t, work_arg_t>;
+
     /// What a callback of type Work returns.
     template <class Work>
-    using work_result_t = std::invoke_result_t<Work&, work_arg_t>;
+    using work_result_t = std::invoke_result_t<Work&, work_arg_for<Work>>;
 
-public:
     using pool_type = Pool;
     using transaction_options = typename Pool::transaction_options;
     using clock = std::chrono::steady_clock;
@@ -340,8 +354,9 @@ private:
 
     template <class Work>
     static void check_callable(const Work& work) {
-        static_assert(std::is_invocable_v<Work&, work_arg_t>,
-                      "bulkhead: the callback must be callable with the pool's transaction object");
+        static_assert(std::is_invocable_v<Work&, work_arg_t> || defers_begin<Work>,
+                      "bulkhead: the callback must be callable with the pool's transaction object (or, where the "
+                      "pool defers BEGIN, its deferred transaction: bulkhead::pqxx_transaction&)");
         static_assert(!std::is_reference_v<work_result_t<Work>>,
                       "bulkhead: the callback must return a value (materialized), not a reference into the "
                       "transaction");
@@ -457,21 +472,21 @@ private:
                                 Work&& work, bool* started, call_timer& timer) {
         bool began = false;
         try {
-            transaction_guard<Pool> guard = begin_transaction(lease, settings, call);
+            transaction_guard<Pool> guard = begin_transaction<defers_begin<Work>>(lease, settings, call);
             began = true;
             if (started != nullptr) {
                 *started = true;
             }
             cancel_if_stopped(call);  // a stop that came while BEGIN ran: the callback does not start
             if constexpr (std::is_void_v<work_result_t<Work>>) {
-                run_callback(lease, guard, call, std::forward<Work>(work));
+                run_callback(lease, guard, settings, call, std::forward<Work>(work));
                 cancel_if_stopped(call);
                 refuse_commit_past_deadline(call);
                 guard.commit();
                 timer.committed();
                 m_core.metrics().completed();
             } else {
-                work_result_t<Work> value = run_callback(lease, guard, call, std::forward<Work>(work));
+                work_result_t<Work> value = run_callback(lease, guard, settings, call, std::forward<Work>(work));
                 cancel_if_stopped(call);
                 refuse_commit_past_deadline(call);
                 guard.commit();
@@ -492,13 +507,18 @@ private:
         }
     }
 
-    /// Stage 4's BEGIN. While it runs, a stop request asks the pool to cancel
-    /// it on the server, as for the callback's statements (a pool's BEGIN
-    /// may carry the caller's first statement: pqxx_pool's first_statement);
-    /// a BEGIN that fails once a stop was requested is work_cancelled.
+    /// Stage 4's BEGIN (with `Deferred`, the transaction only: its BEGIN
+    /// goes with the callback's first statement). While it runs, a stop
+    /// request asks the pool to cancel it on the server, as for the
+    /// callback's statements (a pool's BEGIN may carry the caller's first
+    /// statement: pqxx_pool's first_statement); a BEGIN that fails once a
+    /// stop was requested is work_cancelled.
+    template <bool Deferred>
     transaction_guard<Pool> begin_transaction(typename Pool::lease& lease, const transaction_options& settings,
                                               const options& call) {
-        if constexpr (pool_cancels_work<Pool>) {
+        if constexpr (Deferred) {
+            return transaction_guard<Pool>(defer_begin, *m_pool, lease, settings, rollback_hook());
+        } else if constexpr (pool_cancels_work<Pool>) {
             try {
                 const std::stop_callback cancel_on_stop(call.stop,
                                                         [this, &lease]() noexcept { m_pool->cancel(lease); });
@@ -593,8 +613,8 @@ private:
     /// cancel the statement in progress on the server (when the pool can);
     /// the permits stay with this thread until everything has unwound.
     template <class Work>
-    work_result_t<Work> run_callback(typename Pool::lease& lease, transaction_guard<Pool>& guard, const options& call,
-                                     Work&& work) {
+    work_result_t<Work> run_callback(typename Pool::lease& lease, transaction_guard<Pool>& guard,
+                                     const transaction_options& settings, const options& call, Work&& work) {
         struct work_timer {
             log_linear_histogram& histogram;
             clock::time_point began = clock::now();
@@ -606,13 +626,26 @@ private:
                 // transaction is committed or rolled back.
                 const std::stop_callback cancel_on_stop(call.stop,
                                                         [this, &lease]() noexcept { m_pool->cancel(lease); });
-                return std::invoke(std::forward<Work>(work), guard.work());
+                return invoke_work(guard, settings, std::forward<Work>(work));
             } else {
-                return std::invoke(std::forward<Work>(work), guard.work());
+                return invoke_work(guard, settings, std::forward<Work>(work));
             }
         } catch (...) {
             explain_failure(guard, call);
             throw;
+        }
+    }
+
+    /// Calls the callback with what it takes: `*transaction`, or the pool's
+    /// deferred transaction.
+    template <class Work>
+    work_result_t<Work> invoke_work(transaction_guard<Pool>& guard, const transaction_options& settings, Work&& work) {
+        if constexpr (defers_begin<Work>) {
+            auto deferred = m_pool->deferred(guard.handle(), settings);
+            return std::invoke(std::forward<Work>(work), deferred);
+        } else {
+            (void)settings;
+            return std::invoke(std::forward<Work>(work), guard.work());
         }
     }
 

@@ -131,7 +131,31 @@ concept pool_classifies_overload = requires(const Pool& pool, const std::excepti
     noexcept->std::same_as<overload_kind>;
 };
 
+/// `Pool::deferred_transaction`, `pool.begin_deferred(lease, options)` and
+/// `pool.deferred(tx, options)`: a transaction whose BEGIN waits for the
+/// callback's first statement and travels with it. The gate uses them for a
+/// callback that takes `Pool::deferred_transaction&` (and not `*tx`):
+/// begin_deferred() instead of begin(), then the callback gets
+/// `pool.deferred(tx, options)`; commit and rollback as for any transaction.
+template <class Pool>
+concept pool_defers_begin = requires(Pool& pool, typename Pool::lease& lease, typename Pool::transaction& tx,
+                                     const typename Pool::transaction_options& options) {
+    typename Pool::deferred_transaction;
+    { pool.begin_deferred(lease, options) } -> std::same_as<typename Pool::transaction>;
+    { pool.deferred(tx, options) } -> std::same_as<typename Pool::deferred_transaction>;
+};
+
 namespace detail {
+/// `Pool::deferred_transaction&` for a pool_defers_begin, else void.
+template <class Pool>
+struct deferred_arg {
+    using type = void;
+};
+template <class Pool>
+requires pool_defers_begin<Pool>
+struct deferred_arg<Pool> {
+    using type = typename Pool::deferred_transaction&;
+};
 
 /// Checks the Pool concept one part at a time, so that a type that does not
 /// fit gets one readable message naming the missing part.

@@ -88,6 +88,7 @@
 #include <bulkhead/pqxx/options.hpp>
 #include <bulkhead/pqxx/pool_core.hpp>
 #include <bulkhead/pqxx/protocol.hpp>
+#include <bulkhead/pqxx/sql_literals.hpp>
 #include <bulkhead/pqxx/transaction.hpp>
 
 #include <libpq-fe.h>
@@ -100,11 +101,15 @@
 #include <stdexcept>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace bulkhead {
+
+class pqxx_transaction;
 
 /// A thread-safe pool of pqxx::connection, and a bulkhead::transactional_pool
 /// for db_bulkhead. See the file comment for guarantees, fairness, the
@@ -175,6 +180,10 @@ public:
     /// The gate's transaction handle; `*tx` is what the callback receives,
     /// usable as a pqxx::dbtransaction&.
     using transaction = std::unique_ptr<detail::gate_transaction>;
+
+    /// What a callback that takes `bulkhead::pqxx_transaction&` receives: the
+    /// transaction with BEGIN sent with its first statement.
+    using deferred_transaction = pqxx_transaction;
 
     /// One borrowed connection. Returns it to the pool when destroyed.
     /// \note Move-only; used by one thread at a time. Any pqxx transaction
@@ -325,6 +334,27 @@ public:
         }
     }
 
+    /// begin() without sending BEGIN: the first statement of deferred(tx)
+    /// carries it. Never retried on another connection (the statement may
+    /// have run when a connection breaks under it).
+    /// \throws std::logic_error for an empty lease or one of another pool;
+    ///         std::invalid_argument for a timeout out of range, or with a
+    ///         first_statement (a pqxx_transaction's first statement carries
+    ///         BEGIN itself).
+    [[nodiscard]] transaction begin_deferred(lease& held, const transaction_options& options) {
+        (void)leased(held);
+        if (!options.first_statement.empty()) {
+            throw std::invalid_argument(
+                "bulkhead::pqxx_pool: first_statement is for callbacks that take pqxx::dbtransaction&; a "
+                "bulkhead::pqxx_transaction sends BEGIN with its own first statement");
+        }
+        return begin_on(held, options, false);
+    }
+
+    /// The callback's view of a transaction from begin_deferred(), begun with
+    /// `options`. Defined below, with pqxx_transaction.
+    [[nodiscard]] pqxx_transaction deferred(transaction& tx, const transaction_options& options);
+
     /// Inside the gate's callback: the result of the last statement of the
     /// call's transaction_options::first_statement, which BEGIN carried.
     /// \throws std::logic_error when `tx` is not a gate transaction of a
@@ -469,8 +499,38 @@ public:
     [[nodiscard]] connection_budget read_budget() const { return read_fleet_budget(m_core->options()); }
 
 private:
-    /// One attempt of begin().
-    transaction begin_on(lease& held, const transaction_options& options) {
+    friend class pqxx_transaction;
+
+    /// Sends the deferred BEGIN of `tx` (begin_deferred() with `options`),
+    /// and `first` (a statement, or nothing) after it in the same query;
+    /// returns the last statement's result. The timeouts from the deadline
+    /// are bounded by what is left of it now.
+    /// \throws bulkhead::deadline_exceeded when less than a millisecond is
+    ///         left; std::invalid_argument for a NUL in `first`; what the
+    ///         query failed with (the transaction is then over: rolled back,
+    ///         or its connection marked for discard).
+    static pqxx::result send_begin(detail::gate_transaction& tx, const transaction_options& options,
+                                   const std::string& first) {
+        detail::transaction_control& control = tx.control();
+        if (first.find('\0') != std::string::npos) {
+            throw std::invalid_argument("bulkhead::pqxx_transaction: a statement must not contain a NUL character");
+        }
+        transaction_options bounded = options;
+        if (options.deadline != clock::time_point::max()) {
+            std::tie(control.timeout_from_deadline, control.lock_timeout_from_deadline) = bound_by_deadline(bounded);
+        }
+        control.begin_statement = detail::begin_statement(bounded);
+        if (!first.empty()) {
+            control.begin_carries_work = true;
+            control.begin_statement.append("; ").append(first);
+        }
+        control.begin_pending = false;
+        tx.begin();
+        return tx.begin_result();
+    }
+
+    /// One attempt of begin() (with `begin_now` false: BEGIN deferred).
+    transaction begin_on(lease& held, const transaction_options& options, bool begin_now = true) {
         detail::pooled_connection& connection = leased(held);
         detail::transaction_control control;
         control.owner = &connection;
@@ -507,12 +567,13 @@ private:
                 options.deadline + std::chrono::duration_cast<clock::duration>(settings.deadline_slack),
                 connection.cut_by_watchdog);
         }
+        control.begin_pending = !begin_now;
         // Copied before the control moves: the failure below needs them.
         const bool carries_work = control.begin_carries_work;
         const bool timeout_from_deadline = control.timeout_from_deadline;
         const bool lock_timeout_from_deadline = control.lock_timeout_from_deadline;
         try {
-            return std::make_unique<detail::gate_transaction>(*connection.connection, std::move(control));
+            return std::make_unique<detail::gate_transaction>(*connection.connection, std::move(control), begin_now);
         } catch (const std::bad_alloc&) {
             connection.discard = true;
             m_core->watchdog().disarm(control.watch);  // moved-from control keeps its ticket value
@@ -665,7 +726,134 @@ private:
     std::shared_ptr<detail::pool_core> m_core;  // shared with the leases; never null
 };
 
+/// The transaction a gate's callback works in when it takes
+/// `bulkhead::pqxx_transaction&` instead of `pqxx::dbtransaction&`. BEGIN is
+/// not sent before the callback runs: it goes with the first statement, in
+/// the same round trip, so a transaction of N statements makes N + 1 round
+/// trips (BEGIN with the first, then each other, then COMMIT with the
+/// session reset), and one that runs none makes none.
+///
+///     gate.transaction(call, [&](bulkhead::pqxx_transaction& tx) {
+///         return tx.exec_params("SELECT balance FROM accounts WHERE id = $1", id)[0][0].as<long>();
+///     });
+///
+/// - exec(), exec_params() and exec_prepared() are libpqxx's. The first of
+///   them sends BEGIN (with its SET LOCAL settings) and the statement as one
+///   simple query; exec_params() and exec_prepared() then write their
+///   parameters into it as literals quoted by libpqxx (detail/sql_literals:
+///   a $n inside a string, a quoted name, a dollar quote or a comment is left
+///   alone; exec_params() takes one statement) and exec_prepared() runs
+///   `EXECUTE name(...)`. Later statements go to libpqxx as they are.
+/// - pqxx() is the pqxx::dbtransaction underneath, for everything else
+///   libpqxx offers (streams, COPY, pipelines, quote(), large objects). It
+///   sends BEGIN first if no statement has: nothing the callback runs can
+///   run outside the transaction.
+/// - When the first query fails (BEGIN or the statement), nothing of it is
+///   committed; the transaction is over and every later call throws
+///   std::logic_error. A callback that catches that error and returns still
+///   fails (25P02), as B5 says.
+/// - The session's timeouts from the call's deadline are set when BEGIN is
+///   sent, from what is left of the deadline then.
+///
+/// Thread safety: as the pqxx::dbtransaction it wraps (the callback's thread).
+class pqxx_transaction {
+public:
+    pqxx_transaction(const pqxx_transaction&) = delete;
+    pqxx_transaction& operator=(const pqxx_transaction&) = delete;
+    pqxx_transaction(pqxx_transaction&&) noexcept = default;
+    pqxx_transaction& operator=(pqxx_transaction&&) noexcept = default;
+    ~pqxx_transaction() = default;
+
+    /// Runs `sql` (libpqxx's exec); the first statement carries BEGIN.
+    /// \throws what libpqxx throws; std::logic_error once the first query failed.
+    pqxx::result exec(std::string_view sql) {
+        if (pending()) {
+            return begin_with(std::string(sql));
+        }
+        return m_tx->exec(std::string(sql));
+    }
+
+    /// Runs `sql` with parameters $1... (libpqxx's exec_params); the first
+    /// statement carries BEGIN, its parameters written in as quoted literals.
+    /// \throws std::invalid_argument for a first statement that is not one
+    ///         statement or whose $n and parameters do not match; what
+    ///         libpqxx throws; std::logic_error once the first query failed.
+    template <class... Args>
+    pqxx::result exec_params(std::string_view sql, Args&&... args) {
+        if (pending()) {
+            return begin_with(detail::bind_literals(sql, {m_tx->quote(args)...}, standard_strings()));
+        }
+        return detail::pqxx_compat::exec_params(*m_tx, std::string(sql), std::forward<Args>(args)...);
+    }
+
+    /// Runs the prepared statement `name` (libpqxx's exec_prepared); the
+    /// first statement carries BEGIN as `EXECUTE name(literals)`.
+    /// \throws what libpqxx throws; std::logic_error once the first query failed.
+    template <class... Args>
+    pqxx::result exec_prepared(const std::string& name, Args&&... args) {
+        if (pending()) {
+            detail::pqxx_compat::prepare_now(*m_tx, name);
+            std::string execute = "EXECUTE " + m_tx->quote_name(name);
+            if constexpr (sizeof...(Args) > 0) {
+                execute += "(";
+                bool first = true;
+                ((execute += (first ? "" : ", ") + m_tx->quote(args), first = false), ...);
+                execute += ")";
+            }
+            return begin_with(execute);
+        }
+        return detail::pqxx_compat::exec_prepared(*m_tx, name, std::forward<Args>(args)...);
+    }
+
+    /// The libpqxx transaction underneath, BEGIN sent (alone, if no statement
+    /// has sent it yet).
+    /// \throws what BEGIN failed with; std::logic_error once the first query failed.
+    pqxx::dbtransaction& pqxx() {
+        if (pending()) {
+            (void)begin_with({});
+        }
+        return *m_tx;
+    }
+
+    /// True once BEGIN has been sent.
+    [[nodiscard]] bool begun() const noexcept { return !m_tx->control().begin_pending; }
+
+private:
+    friend class pqxx_pool;
+
+    pqxx_transaction(detail::gate_transaction& tx, const pqxx_pool::transaction_options& options)
+        : m_tx(&tx), m_options(options) {}
+
+    /// True while BEGIN waits for a statement.
+    /// \throws std::logic_error when the first query failed.
+    [[nodiscard]] bool pending() const {
+        const detail::transaction_control& control = m_tx->control();
+        if (control.begin_failed) {
+            throw std::logic_error(
+                "bulkhead::pqxx_transaction: the transaction's first query (BEGIN and its statement) failed; "
+                "nothing more runs in it");
+        }
+        return control.begin_pending;
+    }
+
+    pqxx::result begin_with(const std::string& first) { return pqxx_pool::send_begin(*m_tx, m_options, first); }
+
+    /// The session's standard_conforming_strings, as the server reported it.
+    [[nodiscard]] bool standard_strings() const noexcept {
+        const char* value = PQparameterStatus(m_tx->control().owner->handle, "standard_conforming_strings");
+        return value == nullptr || std::string_view(value) != "off";
+    }
+
+    detail::gate_transaction* m_tx;
+    pqxx_pool::transaction_options m_options;
+};
+
+inline pqxx_transaction pqxx_pool::deferred(transaction& tx, const transaction_options& options) {
+    return pqxx_transaction(checked(tx), options);
+}
+
 static_assert(transactional_pool<pqxx_pool>);
+static_assert(pool_defers_begin<pqxx_pool>);
 static_assert(std::is_nothrow_move_constructible_v<pqxx_pool::lease> &&
               !std::is_copy_constructible_v<pqxx_pool::lease>);
 

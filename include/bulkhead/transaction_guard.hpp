@@ -14,6 +14,12 @@ namespace bulkhead {
 // transaction_guard
 // ---------------------------------------------------------------------------
 
+/// Selects transaction_guard's constructor that defers BEGIN.
+struct defer_begin_t {
+    explicit defer_begin_t() = default;
+};
+inline constexpr defer_begin_t defer_begin{};
+
 /// Where a transaction_guard reports a rollback that failed: a context pointer
 /// and a function, so reporting needs no allocation. An empty hook drops the
 /// report (the connection is still discarded).
@@ -50,6 +56,16 @@ public:
           m_lease(&lease),
           m_on_rollback_failure(on_rollback_failure),
           m_transaction(pool.begin(lease, options)) {}
+
+    /// Opens a transaction on `lease` whose BEGIN waits for its first
+    /// statement (pool_defers_begin: pool.begin_deferred()).
+    /// \throws whatever the pool's begin_deferred() throws; nothing is held then.
+    transaction_guard(defer_begin_t /*tag*/, Pool& pool, lease_type& lease, const options_type& options,
+                      rollback_failure_hook on_rollback_failure) requires pool_defers_begin<Pool>
+        : m_pool(&pool),
+          m_lease(&lease),
+          m_on_rollback_failure(on_rollback_failure),
+          m_transaction(pool.begin_deferred(lease, options)) {}
 
     transaction_guard(const transaction_guard&) = delete;
     transaction_guard& operator=(const transaction_guard&) = delete;

@@ -135,6 +135,12 @@ bulkhead::pqxx_pool pool({
 }  // snippet-context
 
 using gate_t = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;  // snippet-context
+void deferred_begin(gate_t& gate, const gate_t::options& call, int id) {  // snippet-context
+const long balance = gate.transaction(call, [&](bulkhead::pqxx_transaction& tx) {
+    return tx.exec_params("SELECT balance FROM accounts WHERE id = $1", id)[0][0].as<long>();
+});
+reply_200(balance);  // snippet-context
+}  // snippet-context
 void first_statement(gate_t& gate) {  // snippet-context
 gate_t::options call{.deadline = std::chrono::steady_clock::now() + 100ms};
 call.transaction.read_only = true;

@@ -5,11 +5,12 @@
 
 #include <bulkhead/bulkhead.hpp>
 #include <bulkhead/pqxx_pool.hpp>
+#include <string>  // snippet-context
 
 using namespace std::chrono_literals;
 
 namespace snippet {  // snippet-context
-void readme_usage(const http_request& request) {  // snippet-context
+void readme_usage(const http_request& request, const std::string& item) {  // snippet-context
 bulkhead::pqxx_pool pool({.conninfo = "host=db dbname=shop user=app", .max_size = 24,
                           .connection_timeout = 500ms});
 bulkhead::db_bulkhead gate(pool, /*concurrent B=*/16, /*extra_slots Q=*/32);  // one per instance
@@ -17,8 +18,8 @@ bulkhead::db_bulkhead gate(pool, /*concurrent B=*/16, /*extra_slots Q=*/32);  //
 // Throwing API: every refusal derives from bulkhead::rejected ("the work never started").
 try {
     int id = gate.transaction({.queue_wait = 20ms, .stop = request.stop_token()},
-                              [&](pqxx::dbtransaction& tx) {
-                                  return tx.exec("INSERT INTO orders(item) VALUES ('book') RETURNING id")
+                              [&](bulkhead::pqxx_transaction& tx) {
+                                  return tx.exec_params("INSERT INTO orders(item) VALUES ($1) RETURNING id", item)
                                       .at(0).at(0).as<int>();
                               });  // committed, connection back in the pool, permits released
     reply_201(id);  // snippet-context
@@ -27,7 +28,7 @@ try {
 }
 
 // Non-throwing API: a refusal is a value, not an exception.
-auto total = gate.try_transaction(20ms, [](pqxx::dbtransaction& tx) {
+auto total = gate.try_transaction(20ms, [](bulkhead::pqxx_transaction& tx) {
     return tx.exec("SELECT count(*) FROM orders").at(0).at(0).as<long>();
 });
 if (!total) {

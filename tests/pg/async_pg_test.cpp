@@ -314,6 +314,25 @@ TEST_CASE("[F9] a coroutine's call and a thread's run the same transaction: comm
     }) == 41);
 }
 
+TEST_CASE("[J1] a coroutine's callback that takes bulkhead::pqxx_transaction& sends BEGIN with its first statement",
+          "[pg][J1][F9]") {
+    bulkhead::pqxx_pool pool(pool_options("bulkhead-j1-async"));
+    gate_t gate(pool, 2, 2);
+    scratch_table table("bulkhead_j1_async", "v int");
+    io_thread io;
+    const auto write = [&](bulkhead::pqxx_transaction& tx) {
+        const bool begun_before = tx.begun();
+        (void)tx.exec_params("INSERT INTO " + table.name() + " VALUES ($1)", 41);
+        return !begun_before && tx.begun();
+    };
+    auto written = asio::co_spawn(
+        io.executor(),
+        [&]() -> asio::awaitable<bool> { co_return co_await gate.async_transaction({}, write, asio::use_awaitable); },
+        asio::use_future);
+    CHECK(written.get());
+    CHECK(table.rows("v = 41") == 1);
+}
+
 #else
 
 TEST_CASE("[F3] cancelling a coroutine while its statement runs cancels it on the server", "[pg][F3]") {

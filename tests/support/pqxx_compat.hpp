@@ -12,6 +12,7 @@
 #include <pqxx/pqxx>
 
 #include <string>
+#include <tuple>
 #include <utility>
 
 namespace bulkhead_test {
@@ -51,6 +52,26 @@ pqxx::row exec_one_row_params(pqxx::transaction_base& tx, const std::string& sql
 #endif
     detail::expect_rows(result, 1, sql);
     return result[0];
+}
+
+/// A COPY into `table` through libpqxx's stream_to (the constructor of
+/// libpqxx 6, stream_to::table() of 7).
+inline pqxx::stream_to stream_into(pqxx::transaction_base& tx, const std::string& table) {
+#if PQXX_VERSION_MAJOR >= 7
+    return pqxx::stream_to::table(tx, {table});
+#else
+    return pqxx::stream_to(tx, table);
+#endif
+}
+
+/// Writes one row of one value to `stream`.
+template <class Value>
+void write_one(pqxx::stream_to& stream, const Value& value) {
+#if PQXX_VERSION_MAJOR >= 7
+    stream.write_values(value);
+#else
+    stream << std::make_tuple(value);
+#endif
 }
 
 }  // namespace bulkhead_test

@@ -21,9 +21,10 @@
 //   do_begin() and runs statements through the virtual do_exec(); libpqxx 7
 //   has neither hook (its constructor protocol is register_transaction() and
 //   direct_exec()). gate_transaction<Control> hides that: it runs
-//   Control's begin statement, routes commit and abort to Control, and on
-//   libpqxx 6 lets Control check the session around each statement of the
-//   callback (before_statement, after_statement).
+//   Control's begin statement (at construction, or later for a deferred
+//   BEGIN: begin()), routes commit and abort to Control, and on libpqxx 6
+//   lets Control check the session around each statement of the callback
+//   (before_statement, after_statement).
 //
 // Thread safety: as libpqxx's: a connection, and everything made from it,
 // belongs to one thread at a time.
@@ -139,6 +140,41 @@ private:
 #error "bulkhead/pqxx_pool.hpp supports libpqxx 6 and 7"
 #endif
 
+/// libpqxx's exec_params and exec_prepared: since 7.10 spelled
+/// exec(sql, params) and exec(prepped, params), the old names deprecated.
+#if PQXX_VERSION_MAJOR > 7 || (PQXX_VERSION_MAJOR == 7 && PQXX_VERSION_MINOR >= 10)
+template <class... Args>
+pqxx::result exec_params(pqxx::dbtransaction& tx, const std::string& sql, Args&&... args) {
+    return tx.exec(sql, pqxx::params{std::forward<Args>(args)...});
+}
+template <class... Args>
+pqxx::result exec_prepared(pqxx::dbtransaction& tx, const std::string& name, Args&&... args) {
+    return tx.exec(pqxx::prepped{name}, pqxx::params{std::forward<Args>(args)...});
+}
+#else
+template <class... Args>
+pqxx::result exec_params(pqxx::dbtransaction& tx, const std::string& sql, Args&&... args) {
+    return tx.exec_params(sql, std::forward<Args>(args)...);
+}
+template <class... Args>
+pqxx::result exec_prepared(pqxx::dbtransaction& tx, const std::string& name, Args&&... args) {
+    return tx.exec_prepared(name, std::forward<Args>(args)...);
+}
+#endif
+
+/// Makes sure the prepared statement `name` exists on the server before an
+/// `EXECUTE name(...)` of the deferred BEGIN: libpqxx 6 prepares a statement
+/// only when it is first run (prepare_now() does it now, once per
+/// connection); libpqxx 7 prepares it when it is defined.
+inline void prepare_now(pqxx::dbtransaction& tx, const std::string& name) {
+#if PQXX_VERSION_MAJOR == 6
+    tx.conn().prepare_now(name);
+#else
+    (void)tx;
+    (void)name;
+#endif
+}
+
 /// The PGconn* of `connection`, which must have no transaction open (one is
 /// built, never begun, to reach it); null when it cannot be read. Sends nothing.
 inline PGconn* native_handle(pqxx::connection& connection) noexcept {
@@ -158,18 +194,15 @@ inline PGconn* native_handle(pqxx::connection& connection) noexcept {
 template <class Control>
 class gate_transaction final : public pqxx::dbtransaction {
 public:
-    gate_transaction(pqxx::connection& connection, Control control)
+    /// Sends Control's begin statement unless `begin_now` is false
+    /// (begin() then sends it).
+    gate_transaction(pqxx::connection& connection, Control control, bool begin_now = true)
         : pqxx::internal::namedclass("gate_transaction"),
           pqxx::dbtransaction(connection),
           m_control(std::move(control)) {
-        try {
-            m_control.before_begin();
-            Begin();  // libpqxx calls do_begin(), and End() itself when that fails
-        } catch (...) {
-            m_control.on_begin_failed();
-            throw;
+        if (begin_now) {
+            begin();
         }
-        m_control.on_begun();
     }
 
     gate_transaction(const gate_transaction&) = delete;
@@ -177,8 +210,24 @@ public:
 
     ~gate_transaction() override {
         m_control.closing = true;
-        End();
+        if (!m_control.begin_failed) {
+            End();  // a failed Begin() has ended it already
+        }
         m_control.on_closed();
+    }
+
+    /// Sends Control's begin statement (once: not begun at construction).
+    /// \throws what it failed with; the transaction is ended then.
+    void begin() {
+        try {
+            m_control.before_begin();
+            Begin();  // libpqxx calls do_begin(), and End() itself when that fails
+        } catch (...) {
+            m_control.begin_failed = true;
+            m_control.on_begin_failed();
+            throw;
+        }
+        m_control.on_begun();
     }
 
     /// The pool's bookkeeping for this transaction (the pool's, not the callback's).
@@ -219,16 +268,32 @@ private:
 template <class Control>
 class gate_transaction final : public pqxx::dbtransaction {
 public:
-    gate_transaction(pqxx::connection& connection, Control control)
+    /// Sends Control's begin statement unless `begin_now` is false
+    /// (begin() then sends it).
+    gate_transaction(pqxx::connection& connection, Control control, bool begin_now = true)
         : pqxx::dbtransaction(connection), m_control(std::move(control)) {
         register_transaction();
+        if (!begin_now) {
+            return;
+        }
+        try {
+            begin();
+        } catch (...) {
+            m_control.closing = true;
+            close();
+            throw;
+        }
+    }
+
+    /// Sends Control's begin statement (once: not begun at construction).
+    /// \throws what it failed with.
+    void begin() {
         try {
             m_control.before_begin();
             m_begin_result = run(m_control.begin_statement);
         } catch (...) {
+            m_control.begin_failed = true;
             m_control.on_begin_failed();
-            m_control.closing = true;
-            close();
             throw;
         }
         m_control.on_begun();

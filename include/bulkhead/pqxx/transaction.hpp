@@ -85,7 +85,9 @@ struct transaction_control {
     std::int64_t txid = txid_unheard;
     static constexpr std::int64_t txid_unheard = -1;
     static constexpr std::int64_t no_txid = 0;  // ids start at 3
-    bool begin_carries_work = false;            // the caller's first_statement follows BEGIN in its query
+    bool begin_carries_work = false;            // the caller's first statement follows BEGIN in its query
+    bool begin_pending = false;                 // BEGIN deferred (pqxx_transaction) and not sent yet
+    bool begin_failed = false;                  // the begin query failed: the transaction is over
     bool timeout_from_deadline = false;         // statement_timeout was set from the call's deadline
     bool lock_timeout_from_deadline = false;    // lock_timeout was set from the call's deadline
     bool permitted = false;                     // set by pqxx_pool::commit/rollback around their call into libpqxx
@@ -256,6 +258,9 @@ inline void transaction_control::on_commit(gate_transaction& /*tx*/) {
     if (!permitted) {
         refused = true;
         throw std::logic_error(refusal);
+    }
+    if (begin_pending) {
+        return;  // a deferred BEGIN that no statement sent: nothing began, nothing to commit or reset
     }
     if (ended_by_callback()) {
         throw std::logic_error(block_ended);
@@ -464,6 +469,11 @@ inline void transaction_control::commit(gate_transaction& tx) {
     if (control.refused) {
         throw std::logic_error(refusal);
     }
+    if (control.begin_failed) {
+        // A deferred BEGIN whose query failed, its error caught by the
+        // callback: nothing is committed (on_begin_failed rolled it back).
+        throw pqxx::sql_error(failed_transaction, "COMMIT", "25P02");
+    }
     if (control.ended_by_callback()) {
         control.owner->guard.ended = true;
         throw std::logic_error(block_ended);
@@ -475,7 +485,7 @@ inline void transaction_control::commit(gate_transaction& tx) {
 inline void transaction_control::rollback(gate_transaction& tx) {
     transaction_control& control = tx.control();
     const permitted_scope permit(control);
-    if (!control.in_doubt) {
+    if (!control.in_doubt && !control.begin_failed) {
         tx.abort();  // libpqxx's books; sends ROLLBACK (do_abort) while it counts the transaction active
     }
     if (control.abort_failure) {
