@@ -317,6 +317,9 @@ struct gate_settings {
     /// SELECT 1 only: BEGIN carries the statement (transaction_options::first_statement)
     /// and the callback reads its result: two round trips instead of three.
     bool first_statement = false;
+    /// The callback takes bulkhead::pqxx_transaction&: BEGIN goes with its
+    /// first statement (two round trips for SELECT 1, as first_statement).
+    bool deferred_begin = false;
     bool reset_session = true;        ///< the pool's option: the session reset after every transaction
     bool connection_affinity = true;  ///< the pool's option: a thread gets back the connection it used last
     int workers = 256;                ///< open-loop workers (callers)
@@ -363,6 +366,25 @@ public:
             }
             return run_statements(tx, m_kind, random);
         };
+        if (m_settings.deferred_begin) {
+            return call_with(options, which, [&](bulkhead::pqxx_transaction& tx) {
+                if (m_kind == workload::select1) {
+                    return tx.exec("SELECT 1")[0][0].as<long>();
+                }
+                return run_statements(tx.pqxx(), m_kind, random);
+            });
+        }
+        return call_with(options, which, work);
+    }
+
+    /// The gate's own counters, for cross-checking the harness's.
+    [[nodiscard]] bulkhead::gate_stats stats() const noexcept { return m_gate.stats(); }
+
+private:
+    using gate_type = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
+
+    template <class Work>
+    call_result call_with(const gate_type::options& options, api which, const Work& work) {
         call_result result;
         const context_switches switches_before =
             m_settings.track_preemption ? thread_context_switches() : context_switches{};
@@ -398,12 +420,6 @@ public:
         }
         return result;
     }
-
-    /// The gate's own counters, for cross-checking the harness's.
-    [[nodiscard]] bulkhead::gate_stats stats() const noexcept { return m_gate.stats(); }
-
-private:
-    using gate_type = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
 
     workload m_kind;
     gate_settings m_settings;

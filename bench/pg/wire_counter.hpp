@@ -9,6 +9,11 @@
 // own statistics cannot tell this: pg_stat_statements counts statements, and
 // one round trip may carry several ("SELECT 1; COMMIT").
 //
+// With a delay D, the relay is also a network: each chunk it reads is
+// written to the other side D later, in order, in each direction, so a
+// round trip costs 2D more (scripts/bench-rtt). The kernel here has no
+// netem; a user-space delay serves every client alike, pgbench included.
+//
 // The relay does not understand TLS: clients must connect with
 // sslmode=disable and gssencmode=disable (for_clients() sets both).
 //
@@ -23,6 +28,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -30,8 +36,11 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -109,9 +118,12 @@ class wire_counter {
 public:
     /// Listens on an ephemeral loopback port; connections are relayed to the
     /// host (or hostaddr) and port of `conninfo`: TCP, or a Unix socket when
-    /// the host is a directory.
+    /// the host is a directory. With a `delay`, every chunk reaches the other
+    /// side that much later, in each direction.
     /// \throws std::system_error when it cannot listen.
-    explicit wire_counter(const std::string& conninfo) : m_upstream(parse_conninfo(conninfo)) {
+    explicit wire_counter(const std::string& conninfo,
+                          std::chrono::microseconds delay = std::chrono::microseconds::zero())
+        : m_upstream(parse_conninfo(conninfo)), m_delay(delay) {
         m_listener = ::socket(AF_INET, SOCK_STREAM, 0);
         if (m_listener < 0) {
             throw std::system_error(errno, std::generic_category(), "wire_counter: socket");
@@ -162,6 +174,9 @@ public:
     [[nodiscard]] std::uint64_t round_trips() const noexcept {
         return m_parsers_queries.load(std::memory_order_relaxed) + m_parsers_syncs.load(std::memory_order_relaxed);
     }
+
+    /// The port clients connect to (on 127.0.0.1).
+    [[nodiscard]] std::uint16_t port() const noexcept { return m_port; }
 
 private:
     /// Connects to the real server. Returns -1 on failure.
@@ -235,11 +250,26 @@ private:
         }
     }
 
+    /// Counts what the client sent in `data` (one chunk, in order).
+    void count(frontend_parser& parser, const unsigned char* data, std::size_t size) noexcept {
+        const std::uint64_t queries_before = parser.queries.load(std::memory_order_relaxed);
+        const std::uint64_t syncs_before = parser.syncs.load(std::memory_order_relaxed);
+        parser.feed(data, size);
+        m_parsers_queries.fetch_add(parser.queries.load(std::memory_order_relaxed) - queries_before,
+                                    std::memory_order_relaxed);
+        m_parsers_syncs.fetch_add(parser.syncs.load(std::memory_order_relaxed) - syncs_before,
+                                  std::memory_order_relaxed);
+    }
+
     /// Copies bytes both ways until either side closes (or the counter stops).
     void relay(int client) {
         const int server = connect_upstream();
         if (server < 0) {
             ::close(client);
+            return;
+        }
+        if (m_delay > std::chrono::microseconds::zero()) {
+            relay_delayed(client, server);
             return;
         }
         frontend_parser parser;
@@ -261,16 +291,96 @@ private:
                 }
                 const auto size = static_cast<std::size_t>(got);
                 if (side == 0) {
-                    const std::uint64_t queries_before = parser.queries.load(std::memory_order_relaxed);
-                    const std::uint64_t syncs_before = parser.syncs.load(std::memory_order_relaxed);
-                    parser.feed(buffer.data(), size);
-                    m_parsers_queries.fetch_add(parser.queries.load(std::memory_order_relaxed) - queries_before,
-                                                std::memory_order_relaxed);
-                    m_parsers_syncs.fetch_add(parser.syncs.load(std::memory_order_relaxed) - syncs_before,
-                                              std::memory_order_relaxed);
+                    count(parser, buffer.data(), size);
                 }
                 open = write_all(fds[1 - side].fd, buffer.data(), size);
             }
+        }
+        ::close(client);
+        ::close(server);
+    }
+
+    /// One direction of a delayed relay: chunks read from one side, each
+    /// written to the other once its time has come.
+    struct delayed_direction {
+        struct chunk {
+            std::chrono::steady_clock::time_point due;
+            std::vector<unsigned char> bytes;  // empty: the reading side ended
+        };
+        std::mutex mutex;
+        std::condition_variable ready;
+        std::deque<chunk> queue;  // guarded by mutex
+
+        void push(chunk next) {
+            {
+                const std::lock_guard lock(mutex);
+                queue.push_back(std::move(next));
+            }
+            ready.notify_one();
+        }
+        chunk pop() {
+            std::unique_lock lock(mutex);
+            ready.wait(lock, [this] { return !queue.empty(); });
+            chunk next = std::move(queue.front());
+            queue.pop_front();
+            return next;
+        }
+    };
+
+    /// relay() with the delay: per direction, a reader that stamps each
+    /// chunk with its due time and a writer that sends it then. Either side
+    /// ending (or the counter stopping) ends both directions.
+    void relay_delayed(int client, int server) {
+        std::array<delayed_direction, 2> directions;  // 0: client to server, 1: server to client
+        const std::array<int, 2> from{client, server};
+        std::atomic<bool> ended{false};
+        const auto end_both = [&] {
+            if (!ended.exchange(true)) {
+                ::shutdown(client, SHUT_RDWR);
+                ::shutdown(server, SHUT_RDWR);
+            }
+        };
+        std::array<std::thread, 4> threads;
+        for (std::size_t side = 0; side < 2; ++side) {
+            threads[side] = std::thread([&, side] {
+                frontend_parser parser;
+                std::array<unsigned char, 65536> buffer{};
+                pollfd watched{from[side], POLLIN, 0};
+                while (!ended.load() && !m_stop.load(std::memory_order_relaxed)) {
+                    if (::poll(&watched, 1, 100) <= 0) {
+                        continue;
+                    }
+                    const ssize_t got = ::read(from[side], buffer.data(), buffer.size());
+                    if (got <= 0) {
+                        break;
+                    }
+                    const auto size = static_cast<std::size_t>(got);
+                    if (side == 0) {
+                        count(parser, buffer.data(), size);
+                    }
+                    directions[side].push({std::chrono::steady_clock::now() + m_delay,
+                                           std::vector<unsigned char>(buffer.data(), buffer.data() + size)});
+                }
+                directions[side].push({std::chrono::steady_clock::now(), {}});
+            });
+            threads[2 + side] = std::thread([&, side] {
+                // Timed sleeps end within about a microsecond, not libc's 50 µs slack.
+                (void)::prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+                for (;;) {
+                    delayed_direction::chunk next = directions[side].pop();
+                    if (next.bytes.empty()) {
+                        break;
+                    }
+                    std::this_thread::sleep_until(next.due);
+                    if (!write_all(from[1 - side], next.bytes.data(), next.bytes.size())) {
+                        break;
+                    }
+                }
+                end_both();
+            });
+        }
+        for (std::thread& thread : threads) {
+            thread.join();
         }
         ::close(client);
         ::close(server);
@@ -292,6 +402,7 @@ private:
     }
 
     conninfo_fields m_upstream;
+    std::chrono::microseconds m_delay;  // each way; zero: relayed at once
     int m_listener = -1;
     std::uint16_t m_port = 0;
     std::atomic<bool> m_stop{false};
