@@ -88,7 +88,6 @@
 #include <bulkhead/pqxx/options.hpp>
 #include <bulkhead/pqxx/pool_core.hpp>
 #include <bulkhead/pqxx/protocol.hpp>
-#include <bulkhead/pqxx/sql_literals.hpp>
 #include <bulkhead/pqxx/transaction.hpp>
 
 #include <libpq-fe.h>
@@ -505,10 +504,11 @@ private:
     /// and `first` (a statement, or nothing) after it in the same query;
     /// returns the last statement's result. The timeouts from the deadline
     /// are bounded by what is left of it now.
-    /// \throws bulkhead::deadline_exceeded when less than a millisecond is
-    ///         left; std::invalid_argument for a NUL in `first`; what the
-    ///         query failed with (the transaction is then over: rolled back,
-    ///         or its connection marked for discard).
+    /// \throws bulkhead::work_deadline_exceeded when less than a millisecond
+    ///         of the deadline is left (nothing is sent; the callback has
+    ///         run, so it is no rejection); std::invalid_argument for a NUL
+    ///         in `first`; what the query failed with (the transaction is
+    ///         then over: rolled back, or its connection marked for discard).
     static pqxx::result send_begin(detail::gate_transaction& tx, const transaction_options& options,
                                    const std::string& first) {
         detail::transaction_control& control = tx.control();
@@ -517,7 +517,12 @@ private:
         }
         transaction_options bounded = options;
         if (options.deadline != clock::time_point::max()) {
-            std::tie(control.timeout_from_deadline, control.lock_timeout_from_deadline) = bound_by_deadline(bounded);
+            try {
+                std::tie(control.timeout_from_deadline, control.lock_timeout_from_deadline) =
+                    bound_by_deadline(bounded);
+            } catch (const deadline_exceeded&) {
+                std::throw_with_nested(work_deadline_exceeded());
+            }
         }
         control.begin_statement = detail::begin_statement(bounded);
         if (!first.empty()) {
@@ -728,22 +733,19 @@ private:
 
 /// The transaction a gate's callback works in when it takes
 /// `bulkhead::pqxx_transaction&` instead of `pqxx::dbtransaction&`. BEGIN is
-/// not sent before the callback runs: it goes with the first statement, in
-/// the same round trip, so a transaction of N statements makes N + 1 round
-/// trips (BEGIN with the first, then each other, then COMMIT with the
+/// not sent before the callback runs. A first statement run with exec()
+/// carries it, in the same simple query: a transaction of N statements then
+/// makes N + 1 round trips (BEGIN with the first, each other, COMMIT with the
 /// session reset), and one that runs none makes none.
 ///
 ///     gate.transaction(call, [&](bulkhead::pqxx_transaction& tx) {
-///         return tx.exec_params("SELECT balance FROM accounts WHERE id = $1", id)[0][0].as<long>();
+///         return tx.exec("SELECT count(*) FROM orders")[0][0].as<long>();
 ///     });
 ///
-/// - exec(), exec_params() and exec_prepared() are libpqxx's. The first of
-///   them sends BEGIN (with its SET LOCAL settings) and the statement as one
-///   simple query; exec_params() and exec_prepared() then write their
-///   parameters into it as literals quoted by libpqxx (detail/sql_literals:
-///   a $n inside a string, a quoted name, a dollar quote or a comment is left
-///   alone; exec_params() takes one statement) and exec_prepared() runs
-///   `EXECUTE name(...)`. Later statements go to libpqxx as they are.
+/// - exec(), exec_params() and exec_prepared() are libpqxx's. A simple query
+///   carries no parameters, and the pool never writes values into SQL text:
+///   a first statement with parameters (exec_params, exec_prepared) is sent
+///   after BEGIN, bound as libpqxx binds it, one round trip later.
 /// - pqxx() is the pqxx::dbtransaction underneath, for everything else
 ///   libpqxx offers (streams, COPY, pipelines, quote(), large objects). It
 ///   sends BEGIN first if no statement has: nothing the callback runs can
@@ -753,7 +755,8 @@ private:
 ///   std::logic_error. A callback that catches that error and returns still
 ///   fails (25P02), as B5 says.
 /// - The session's timeouts from the call's deadline are set when BEGIN is
-///   sent, from what is left of the deadline then.
+///   sent, from what is left of the deadline then; a deadline already passed
+///   then is bulkhead::work_deadline_exceeded (the callback has run).
 ///
 /// Thread safety: as the pqxx::dbtransaction it wraps (the callback's thread).
 class pqxx_transaction {
@@ -773,36 +776,20 @@ public:
         return m_tx->exec(std::string(sql));
     }
 
-    /// Runs `sql` with parameters $1... (libpqxx's exec_params); the first
-    /// statement carries BEGIN, its parameters written in as quoted literals.
-    /// \throws std::invalid_argument for a first statement that is not one
-    ///         statement or whose $n and parameters do not match; what
-    ///         libpqxx throws; std::logic_error once the first query failed.
+    /// Runs `sql` with parameters $1... (libpqxx's exec_params), bound; as a
+    /// first statement after BEGIN, sent alone.
+    /// \throws what libpqxx throws; std::logic_error once the first query failed.
     template <class... Args>
     pqxx::result exec_params(std::string_view sql, Args&&... args) {
-        if (pending()) {
-            return begin_with(detail::bind_literals(sql, {m_tx->quote(args)...}, standard_strings()));
-        }
-        return detail::pqxx_compat::exec_params(*m_tx, std::string(sql), std::forward<Args>(args)...);
+        return detail::pqxx_compat::exec_params(pqxx(), std::string(sql), std::forward<Args>(args)...);
     }
 
-    /// Runs the prepared statement `name` (libpqxx's exec_prepared); the
-    /// first statement carries BEGIN as `EXECUTE name(literals)`.
+    /// Runs the prepared statement `name` (libpqxx's exec_prepared); as a
+    /// first statement after BEGIN, sent alone.
     /// \throws what libpqxx throws; std::logic_error once the first query failed.
     template <class... Args>
     pqxx::result exec_prepared(const std::string& name, Args&&... args) {
-        if (pending()) {
-            detail::pqxx_compat::prepare_now(*m_tx, name);
-            std::string execute = "EXECUTE " + m_tx->quote_name(name);
-            if constexpr (sizeof...(Args) > 0) {
-                execute += "(";
-                bool first = true;
-                ((execute += (first ? "" : ", ") + m_tx->quote(args), first = false), ...);
-                execute += ")";
-            }
-            return begin_with(execute);
-        }
-        return detail::pqxx_compat::exec_prepared(*m_tx, name, std::forward<Args>(args)...);
+        return detail::pqxx_compat::exec_prepared(pqxx(), name, std::forward<Args>(args)...);
     }
 
     /// The libpqxx transaction underneath, BEGIN sent (alone, if no statement
@@ -837,12 +824,6 @@ private:
     }
 
     pqxx::result begin_with(const std::string& first) { return pqxx_pool::send_begin(*m_tx, m_options, first); }
-
-    /// The session's standard_conforming_strings, as the server reported it.
-    [[nodiscard]] bool standard_strings() const noexcept {
-        const char* value = PQparameterStatus(m_tx->control().owner->handle, "standard_conforming_strings");
-        return value == nullptr || std::string_view(value) != "off";
-    }
 
     detail::gate_transaction* m_tx;
     pqxx_pool::transaction_options m_options;

@@ -137,7 +137,7 @@ bulkhead::pqxx_pool pool({
 using gate_t = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;  // snippet-context
 void deferred_begin(gate_t& gate, const gate_t::options& call, int id) {  // snippet-context
 const long balance = gate.transaction(call, [&](bulkhead::pqxx_transaction& tx) {
-    return tx.exec_params("SELECT balance FROM accounts WHERE id = $1", id)[0][0].as<long>();
+    return tx.exec("SELECT balance FROM accounts WHERE id = " + std::to_string(id))[0][0].as<long>();
 });
 reply_200(balance);  // snippet-context
 }  // snippet-context

@@ -162,19 +162,6 @@ pqxx::result exec_prepared(pqxx::dbtransaction& tx, const std::string& name, Arg
 }
 #endif
 
-/// Makes sure the prepared statement `name` exists on the server before an
-/// `EXECUTE name(...)` of the deferred BEGIN: libpqxx 6 prepares a statement
-/// only when it is first run (prepare_now() does it now, once per
-/// connection); libpqxx 7 prepares it when it is defined.
-inline void prepare_now(pqxx::dbtransaction& tx, const std::string& name) {
-#if PQXX_VERSION_MAJOR == 6
-    tx.conn().prepare_now(name);
-#else
-    (void)tx;
-    (void)name;
-#endif
-}
-
 /// The PGconn* of `connection`, which must have no transaction open (one is
 /// built, never begun, to reach it); null when it cannot be read. Sends nothing.
 inline PGconn* native_handle(pqxx::connection& connection) noexcept {
