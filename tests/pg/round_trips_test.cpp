@@ -164,8 +164,10 @@ TEST_CASE("[J3] no statement runs outside the call's transaction, whatever the e
     SECTION("pqxx(), then libpqxx's exec") {
         written_then_thrown([&](bulkhead::pqxx_transaction& tx) { (void)tx.pqxx().exec(insert + "(1)"); });
     }
-    SECTION("pqxx(), then libpqxx's exec_params") {
-        written_then_thrown([&](bulkhead::pqxx_transaction& tx) { (void)tx.pqxx().exec_params(insert + "($1)", 1); });
+    SECTION("pqxx(), then libpqxx's bound statement (exec_params; exec(sql, params) from libpqxx 7.10)") {
+        written_then_thrown([&](bulkhead::pqxx_transaction& tx) {
+            (void)bulkhead::detail::pqxx_compat::exec_params(tx.pqxx(), insert + "($1)", 1);
+        });
     }
     SECTION("pqxx(), then COPY through a stream") {
         // Whether the pool keeps the connection after a COPY is not this
