@@ -52,8 +52,7 @@ private:
 TEST_CASE("[J1] through bulkhead::pqxx_transaction, N statements make N + 1 round trips, none make none", "[pg][J1]") {
     counted_gate counted("bulkhead-j1");
     for (int statements = 1; statements <= 3; ++statements) {
-        INFO(statements << " statement(s)");
-        SECTION("exec first, then bound statements") {
+        DYNAMIC_SECTION("exec first, then bound statements, " << statements << " statement(s)") {
             long sum = 0;
             CHECK(counted.round_trips([&] {
                 sum = counted.gate.transaction(1s, [&](bulkhead::pqxx_transaction& tx) {
@@ -66,7 +65,7 @@ TEST_CASE("[J1] through bulkhead::pqxx_transaction, N statements make N + 1 roun
             }) == static_cast<std::uint64_t>(statements + 1));
             CHECK(sum == statements * (statements + 1) / 2 + statements);
         }
-        SECTION("a bound first statement goes after BEGIN, alone: N + 2") {
+        DYNAMIC_SECTION("a bound first statement goes after BEGIN, alone: N + 2, " << statements << " statement(s)") {
             CHECK(counted.round_trips([&] {
                 counted.gate.transaction(1s, [&](bulkhead::pqxx_transaction& tx) {
                     for (int i = 0; i < statements; ++i) {
@@ -75,7 +74,7 @@ TEST_CASE("[J1] through bulkhead::pqxx_transaction, N statements make N + 1 roun
                 });
             }) == static_cast<std::uint64_t>(statements + 2));
         }
-        SECTION("exec") {
+        DYNAMIC_SECTION("exec, " << statements << " statement(s)") {
             CHECK(counted.round_trips([&] {
                 counted.gate.transaction(1s, [&](bulkhead::pqxx_transaction& tx) {
                     for (int i = 0; i < statements; ++i) {
@@ -84,7 +83,8 @@ TEST_CASE("[J1] through bulkhead::pqxx_transaction, N statements make N + 1 roun
                 });
             }) == static_cast<std::uint64_t>(statements + 1));
         }
-        SECTION("a read-write transaction that writes, its COMMIT's outcome tracked") {
+        DYNAMIC_SECTION("a read-write transaction that writes, its COMMIT's outcome tracked, " << statements
+                                                                                               << " statement(s)") {
             scratch_table table("bulkhead_j1", "id int PRIMARY KEY");
             CHECK(counted.round_trips([&] {
                 counted.gate.transaction(1s, [&](bulkhead::pqxx_transaction& tx) {
