@@ -107,7 +107,7 @@ public:
           m_permits(m_concurrent, m_extra_slots, checked_plan(settings, m_adaptive.get()), limit()),
           m_class_adaptive(class_limits(m_permits)),
           m_adapts(m_adaptive != nullptr || !m_class_adaptive.empty()),
-          m_refusals_go_further(m_permits.has_plan()) {}
+          m_refusals_go_further(m_permits.has_plan() || m_adapts) {}
 
     gate_core(const gate_core&) = delete;
     gate_core& operator=(const gate_core&) = delete;
@@ -117,7 +117,7 @@ public:
     void set_reject_hook(void* context, void (*report)(void*, reject_reason) noexcept) noexcept {
         m_reject_context = context;
         m_reject_report = report;
-        m_refusals_go_further = m_permits.has_plan() || report != nullptr;
+        m_refusals_go_further = m_permits.has_plan() || m_adapts || report != nullptr;
     }
 
     // --- admission -----------------------------------------------------------
@@ -159,7 +159,8 @@ public:
             }
         }
         if (!m_permits.try_take_slot(workload)) {
-            no_permit_free(workload);
+            // An adaptive limit hears of it through refuse(): no branch of
+            // its own on this path.
             return refuse(reject_reason::admission_full, workload);
         }
         return limit;
@@ -525,9 +526,12 @@ private:
                                "); take ids from gate.workload(name)");
     }
 
-    /// refuse() for the class's figures and the observer, behind one test
-    /// on the rejection path that has neither.
+    /// refuse() for the class's figures, an adaptive limit and the observer,
+    /// behind one test on the rejection path of a gate with none of them.
     void refuse_further(reject_reason reason, int workload) noexcept {
+        if (reason == reject_reason::admission_full) {
+            no_permit_free(workload);  // no slot free: no permit was either
+        }
         m_permits.rejected(workload, reason);
         if (m_reject_report != nullptr) {
             m_reject_report(m_reject_context, reason);
@@ -620,8 +624,9 @@ private:
     // One per class when any class's ceiling adapts (null for a fixed one);
     // empty otherwise.
     std::vector<std::unique_ptr<adaptive_gate>> m_class_adaptive;
-    bool m_adapts;                         // a limit adapts: the gate's or a class's
-    bool m_refusals_go_further;            // a refusal is counted for a plan's class, or reported to an observer
+    bool m_adapts;               // a limit adapts: the gate's or a class's
+    bool m_refusals_go_further;  // a refusal is counted for a plan's class, told to an adaptive limit or reported to an
+                                 // observer
     work_threads m_workers{m_concurrent};  // B threads for asynchronous callers' work, started on first use
     remote_releases m_remote;              // permits released on another thread than the entering one
     gate_metrics m_metrics;
