@@ -1,4 +1,5 @@
-// The one Catch2 v2 main shared by every test executable (tests/CMakeLists.txt
-// compiles it only for Catch2 v2; on v3 the tests link Catch2::Catch2WithMain).
+// Catch2 v2's runner, for a build with libc++ only: every other build links
+// Catch2::Catch2WithMain, the runner Debian ships built against libstdc++
+// (tests/CMakeLists.txt).
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
