@@ -399,15 +399,13 @@ TEST_CASE("[E7] with a deadline the call ends within deadline + slack when the s
 
 namespace {
 
-/// A call whose BEGIN (carrying `first_statement`, or plain when it is empty)
-/// goes unanswered, the backend frozen or the network silent, ends within
-/// deadline + slack with `Expected`, its connection discarded and its permit
-/// back.
-template <class Expected>
-void check_unanswered_begin(const std::string& first_statement, const std::string& name) {
-    gate_t::options call{};
-    call.transaction.first_statement = first_statement;
-    const auto never_runs = [](pqxx::dbtransaction&) { FAIL("the callback ran"); };
+/// A call whose BEGIN goes unanswered, the backend frozen or the network
+/// silent, ends within deadline + slack with `Expected`, its connection
+/// discarded and its permit back. `call` says what BEGIN carries (a
+/// first_statement, or nothing); `work` is the callback, which must not
+/// return.
+template <class Expected, class Work>
+void check_unanswered_begin(gate_t::options call, const Work& work, const std::string& name) {
     SECTION("the backend is frozen before the BEGIN") {
         auto options = pool_options(name, 1);
         options.deadline_slack = 250ms;
@@ -417,7 +415,7 @@ void check_unanswered_begin(const std::string& first_statement, const std::strin
         frozen_backend frozen(pid);
         const auto start = clock_type::now();
         call.deadline = start + 500ms;
-        CHECK_THROWS_AS(gate.transaction(call, never_runs), Expected);
+        CHECK_THROWS_AS(gate.transaction(call, work), Expected);
         const auto took = clock_type::now() - start;
         CHECK(took >= 500ms);
         CHECK(took < 500ms + 250ms + 400ms);
@@ -431,13 +429,15 @@ void check_unanswered_begin(const std::string& first_statement, const std::strin
         s.proxy.silence(true);
         const auto start = clock_type::now();
         call.deadline = start + 400ms;
-        CHECK_THROWS_AS(s.gate.transaction(call, never_runs), Expected);
+        CHECK_THROWS_AS(s.gate.transaction(call, work), Expected);
         CHECK(clock_type::now() - start < 400ms + 250ms + 400ms);
         s.proxy.silence(false);
         CHECK(s.pool.size() == 0);
         CHECK(s.gate.available() == 1);
     }
 }
+
+const auto never_runs = [](pqxx::dbtransaction&) { FAIL("the callback ran"); };
 
 }  // namespace
 
@@ -446,14 +446,29 @@ void check_unanswered_begin(const std::string& first_statement, const std::strin
 TEST_CASE("[E7] a first_statement whose server or network goes silent ends within deadline + slack",
           "[pg][E7][first][direct]") {
     // The caller's statement may have run: reported as the work's deadline.
-    check_unanswered_begin<bulkhead::work_deadline_exceeded>("SELECT 1", "bulkhead-e7-first");
+    gate_t::options call{};
+    call.transaction.first_statement = "SELECT 1";
+    check_unanswered_begin<bulkhead::work_deadline_exceeded>(call, never_runs, "bulkhead-e7-first");
+}
+
+TEST_CASE(
+    "[E7] a first statement that carries its deferred BEGIN (pqxx_transaction&) whose server or network goes silent "
+    "ends within deadline + slack",
+    "[pg][E7][J1][direct]") {
+    // BEGIN goes out with the callback's first statement, which may have
+    // run: reported as the work's deadline, as for a first_statement.
+    const auto first_never_answered = [](bulkhead::pqxx_transaction& tx) {
+        (void)tx.exec("SELECT 1");
+        FAIL("the first statement was answered");
+    };
+    check_unanswered_begin<bulkhead::work_deadline_exceeded>({}, first_never_answered, "bulkhead-e7-deferred");
 }
 
 TEST_CASE("[E7] a plain BEGIN whose server or network goes silent ends within deadline + slack, before the work",
           "[pg][E7][direct]") {
     // Nothing of the caller's ran: a rejection before the work, as a deadline
     // that passes while the call waits for its connection.
-    check_unanswered_begin<bulkhead::deadline_exceeded>("", "bulkhead-e7-begin");
+    check_unanswered_begin<bulkhead::deadline_exceeded>({}, never_runs, "bulkhead-e7-begin");
 }
 
 // --- E8 ---------------------------------------------------------------------------
