@@ -624,9 +624,8 @@ private:
     // One per class when any class's ceiling adapts (null for a fixed one);
     // empty otherwise.
     std::vector<std::unique_ptr<adaptive_gate>> m_class_adaptive;
-    bool m_adapts;               // a limit adapts: the gate's or a class's
-    bool m_refusals_go_further;  // a refusal is counted for a plan's class, told to an adaptive limit or reported to an
-                                 // observer
+    bool m_adapts;                         // a limit adapts: the gate's or a class's
+    bool m_refusals_go_further;            // refuse_further() has work: a plan, an adaptive limit, an observer
     work_threads m_workers{m_concurrent};  // B threads for asynchronous callers' work, started on first use
     remote_releases m_remote;              // permits released on another thread than the entering one
     gate_metrics m_metrics;
