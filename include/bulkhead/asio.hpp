@@ -463,13 +463,25 @@ private:
     /// work count of its own on the executor until post() has returned:
     /// otherwise the handler could run, the context finish and be destroyed
     /// while post() was still signalling it (Asio unlocks before it
-    /// signals). Releasing that count is then the last touch, under the
-    /// context's own lock.
+    /// signals). Releasing that count is the last touch, under the
+    /// context's own lock: this thread's copy of the executor goes before
+    /// it, since dropping the last reference to a strand locks the strand
+    /// service, which dies with the context. A standard executor is copied
+    /// once, with the count (outstanding_work.tracked): a strand then drops
+    /// its state before its inner executor, which holds the count.
     void post_completion() noexcept {
-        executor_type executor = m_executor;  // copied: the operation may be gone once posted
-        const asio::executor_work_guard<executor_type> keep_running(executor);
         try {
-            asio::post(executor, completion(this));
+            if constexpr (asio::execution::is_executor<executor_type>::value) {
+                // copied: the operation may be gone once posted
+                const auto executor = asio::prefer(m_executor, asio::execution::outstanding_work.tracked);
+                asio::post(executor, completion(this));
+            } else {
+                // A legacy executor (io_context::strand and the like): its
+                // copies own nothing that dies with the context.
+                const executor_type executor = m_executor;
+                const asio::executor_work_guard<executor_type> keep_running(executor);
+                asio::post(executor, completion(this));
+            }
         } catch (...) {
             // Posting allocates; with no memory for it the call cannot be
             // completed. Dropping it silently would hang the caller forever.
