@@ -320,6 +320,9 @@ struct gate_settings {
     /// The callback takes bulkhead::pqxx_transaction&: BEGIN goes with its
     /// first statement (two round trips for SELECT 1, as first_statement).
     bool deferred_begin = false;
+    /// SELECT 1 only: the whole transaction in one round trip (db_bulkhead::execute,
+    /// the statement sent with BEGIN and COMMIT).
+    bool execute = false;
     bool reset_session = true;        ///< the pool's option: the session reset after every transaction
     bool connection_affinity = true;  ///< the pool's option: a thread gets back the connection it used last
     int workers = 256;                ///< open-loop workers (callers)
@@ -366,6 +369,10 @@ public:
             }
             return run_statements(tx, m_kind, random);
         };
+        if (m_settings.execute) {
+            return call_with(options, which,
+                             [](bulkhead::pqxx_transaction& tx) { return tx.exec_with_commit("SELECT 1"); });
+        }
         if (m_settings.deferred_begin) {
             return call_with(options, which, [&](bulkhead::pqxx_transaction& tx) {
                 if (m_kind == workload::select1) {
@@ -391,7 +398,7 @@ private:
         try {
             if (which == api::try_api) {
                 result.began = clock::now();
-                const bulkhead::result<long> answer = m_gate.try_transaction(options, work);
+                const auto answer = m_gate.try_transaction(options, work);
                 result.ended = clock::now();
                 result.what = answer ? outcome::completed : classify(answer.error());
             } else {

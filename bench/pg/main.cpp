@@ -449,9 +449,10 @@ std::vector<statement_row> run_statement_costs(const settings& config) {
         }
 #if defined(LIBPQ_HAS_PIPELINING)
         if (each.tail != commit_tail::simple) {
-            const auto ignore = [](const PGresult&) noexcept {};
-            const auto ignore_rest = [](std::size_t, const PGresult&) noexcept {};
-            if (!bulkhead::detail::run_pipeline(handle, question.c_str(), commit_steps, ignore, ignore_rest)) {
+            const auto ignore = [](std::size_t, const PGresult&) noexcept {};
+            const auto ignore_head = [](std::size_t, bulkhead::detail::result_ptr&) noexcept {};
+            const bulkhead::detail::pipeline_statement asked{question.c_str()};
+            if (!bulkhead::detail::run_pipeline(handle, {&asked, 1}, commit_steps, ignore_head, ignore)) {
                 throw std::runtime_error("statement costs: the pipelined COMMIT failed");
             }
         }

@@ -17,6 +17,8 @@
 //   gate-first  the same with transaction_options::first_statement
 //   gate-deferred  the callback taking bulkhead::pqxx_transaction& (BEGIN
 //               sent with the first statement)
+//   gate-execute  db_bulkhead::execute(): BEGIN, the statement and COMMIT in
+//               one write
 //   pgbench     pgbench -n -c P -j P with the script BEGIN; SELECT 1; COMMIT
 //               (the simple protocol: three round trips; what pgbench reports
 //               is its average latency, not a median)
@@ -98,6 +100,7 @@ std::unique_ptr<arm> make_arm(const std::string& which, const std::string& conni
                        .read_only = false,
                        .first_statement = which == "gate-first",
                        .deferred_begin = which == "gate-deferred",
+                       .execute = which == "gate-execute",
                        .workers = threads};
     return std::make_unique<gate_arm>(conninfo, workload::select1, gate);
 }
@@ -230,7 +233,7 @@ double median_of(std::vector<double> values) {
 }
 
 int run(const settings& config) {
-    const std::vector<std::string> arms = {"raw", "gate", "gate-first", "gate-deferred", "pgbench"};
+    const std::vector<std::string> arms = {"raw", "gate", "gate-first", "gate-deferred", "gate-execute", "pgbench"};
     std::ostringstream table;
     std::ostringstream csv;
     csv << "delay_us,threads,arm,round,calls_per_s,p50_us,round_trips\n";

@@ -188,6 +188,19 @@ public:
         return run(held, call, std::forward<Work>(work), times);
     }
 
+    /// One statement as a whole transaction, in one round trip where the
+    /// pool offers it (pool_commits_statements; pqxx_pool: BEGIN, the
+    /// statement, COMMIT and the session reset in one write). Parameters
+    /// bind to $1, $2, ... Returns the statement's result once committed
+    /// (pqxx_pool: bulkhead::statement_result). Same as transaction() with a
+    /// callback that returns `tx.exec_with_commit(sql, params...)`.
+    /// \throws as transaction().
+    template <class... Params>
+    requires pool_commits_statements<Pool>
+    auto execute(const options& call, std::string_view sql, Params&&... params) {
+        return transaction(call, [&](deferred_arg_t tx) { return tx.exec_with_commit(sql, params...); });
+    }
+
     /// Same as transaction({.queue_wait = queue_wait}, work).
     template <class Work>
     auto transaction(std::chrono::nanoseconds queue_wait, Work&& work) {
@@ -482,14 +495,14 @@ private:
                 run_callback(lease, guard, settings, call, std::forward<Work>(work));
                 cancel_if_stopped(call);
                 refuse_commit_past_deadline(call);
-                guard.commit();
+                commit_work(lease, guard, call);
                 timer.committed();
                 m_core.metrics().completed();
             } else {
                 work_result_t<Work> value = run_callback(lease, guard, settings, call, std::forward<Work>(work));
                 cancel_if_stopped(call);
                 refuse_commit_past_deadline(call);
-                guard.commit();
+                commit_work(lease, guard, call);
                 timer.committed();
                 m_core.metrics().completed();
                 return value;
@@ -533,6 +546,28 @@ private:
             }
         } else {
             return transaction_guard<Pool>(*m_pool, lease, settings, rollback_hook());
+        }
+    }
+
+    /// Stage 4's COMMIT. While it runs, a stop request asks the pool to
+    /// cancel it on the server, as for the callback's statements (a pool's
+    /// COMMIT may carry the caller's statement: pqxx_pool's exec_with_commit),
+    /// and a failure is reported as the callback's are (a stop, the
+    /// deadline). A COMMIT whose outcome is unknown stays commit_unknown.
+    void commit_work(typename Pool::lease& lease, transaction_guard<Pool>& guard, const options& call) {
+        try {
+            if constexpr (pool_cancels_work<Pool>) {
+                const std::stop_callback cancel_on_stop(call.stop,
+                                                        [this, &lease]() noexcept { m_pool->cancel(lease); });
+                guard.commit();
+            } else {
+                guard.commit();
+            }
+        } catch (const commit_unknown&) {
+            throw;
+        } catch (...) {
+            explain_failure(guard, call);
+            throw;
         }
     }
 

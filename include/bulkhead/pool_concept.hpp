@@ -15,6 +15,7 @@
 #include <concepts>
 #include <exception>
 #include <stop_token>
+#include <string_view>
 
 namespace bulkhead {
 
@@ -143,6 +144,16 @@ concept pool_defers_begin = requires(Pool& pool, typename Pool::lease& lease, ty
     typename Pool::deferred_transaction;
     { pool.begin_deferred(lease, options) } -> std::same_as<typename Pool::transaction>;
     { pool.deferred(tx, options) } -> std::same_as<typename Pool::deferred_transaction>;
+};
+
+/// `tx.exec_with_commit(sql, params...)` on a `Pool::deferred_transaction`:
+/// the statement waits for COMMIT and travels with BEGIN and COMMIT, so that a
+/// one-statement transaction costs one round trip; what it returns, returned
+/// by the callback, holds the statement's result once the gate committed.
+/// db_bulkhead::execute() needs it.
+template <class Pool>
+concept pool_commits_statements = pool_defers_begin<Pool> && requires(typename Pool::deferred_transaction& tx) {
+    tx.exec_with_commit(std::string_view{});
 };
 
 namespace detail {

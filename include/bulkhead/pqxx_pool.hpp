@@ -88,6 +88,7 @@
 #include <bulkhead/pqxx/options.hpp>
 #include <bulkhead/pqxx/pool_core.hpp>
 #include <bulkhead/pqxx/protocol.hpp>
+#include <bulkhead/pqxx/statement_result.hpp>
 #include <bulkhead/pqxx/transaction.hpp>
 
 #include <libpq-fe.h>
@@ -118,63 +119,7 @@ public:
     using clock = std::chrono::steady_clock;
 
     /// Settings of one gate transaction (db_bulkhead's `options::transaction`).
-    struct transaction_options {
-        /// The transaction's isolation level (spelled out in BEGIN, so a
-        /// server default does not apply).
-        isolation isolation_level = isolation::read_committed;
-        /// BEGIN ... READ ONLY instead of READ WRITE.
-        bool read_only = false;
-        /// SET LOCAL statement_timeout, in whole milliseconds (0 disables the
-        /// server's timeout for this transaction). A statement that runs
-        /// longer fails with SQLSTATE 57014. In [0, INT_MAX].
-        std::optional<std::chrono::milliseconds> statement_timeout{};
-        /// SET LOCAL lock_timeout, in whole milliseconds; a lock wait that
-        /// lasts longer fails with SQLSTATE 55P03. In [0, INT_MAX].
-        std::optional<std::chrono::milliseconds> lock_timeout{};
-        /// The call's deadline (db_bulkhead sets it from its options). When
-        /// set, statement_timeout becomes the time left when the transaction
-        /// begins, if that is shorter; a statement the server cuts short for
-        /// it reaches the caller as bulkhead::work_deadline_exceeded.
-        clock::time_point deadline = clock::time_point::max();
-        /// With a deadline, bound lock waits by the time left as well
-        /// (lock_timeout), not only statements.
-        bool deadline_sets_lock_timeout = false;
-        /// Read-write transactions ask for their transaction id, if one was
-        /// assigned, in the COMMIT's own round trip, so that a COMMIT whose
-        /// connection is lost can be settled afterwards with
-        /// pg_xact_status(): the caller then gets the value (it committed),
-        /// the failure (it was rolled back, or no id was assigned: nothing was
-        /// written), or bulkhead::commit_unknown (the outcome, or the id
-        /// itself, could not be had). After a statement that reported a write
-        /// (its command tag: INSERT, UPDATE, ...) the question goes in
-        /// pipeline mode, where the server sends its answer before it
-        /// commits; otherwise ahead of COMMIT in the same simple query, which
-        /// costs one short SELECT, and a write no tag showed (a function
-        /// called by a SELECT) is then settled only when the id's answer
-        /// arrived. Asking assigns no id. Off: COMMIT and the reset as one
-        /// simple query, and a lost COMMIT is commit_unknown; so also with
-        /// libpq before 14.5 (no usable pipeline mode).
-        bool resolve_commit_outcome = true;
-        /// SQL that BEGIN carries: sent after BEGIN (and its SET LOCAL) in the
-        /// same simple query, before the callback runs, so the transaction
-        /// needs one round trip less; a one-statement transaction makes two
-        /// (BEGIN with the statement, COMMIT), as pgJDBC's do. Text only, no
-        /// parameters (numbers as text, strings quoted by the caller); several
-        /// statements separated by ';' are allowed. The callback reads the
-        /// result of its last statement with pqxx_pool::first_result(tx).
-        /// The server runs nothing of it when BEGIN fails, and stops at its
-        /// first failing statement: the call then fails with that statement's
-        /// error (a pqxx::sql_error; the deadline's timeout becomes
-        /// bulkhead::work_deadline_exceeded), the transaction is rolled back,
-        /// the callback never runs, and the connection is kept. A BEGIN
-        /// that carries one is not retried on another connection when the
-        /// connection breaks (E9), since the statement may have run. A stop
-        /// request cancels it as it cancels the callback's statements (the
-        /// call then fails with bulkhead::work_cancelled). Must stay valid
-        /// until the call returns; must not contain a NUL character. Empty:
-        /// none.
-        std::string_view first_statement{};
-    };
+    using transaction_options = pqxx_transaction_options;
 
     /// The gate's transaction handle; `*tx` is what the callback receives,
     /// usable as a pqxx::dbtransaction&.
@@ -456,7 +401,11 @@ public:
     ///         ends the transaction).
     void commit(lease& held, transaction& tx) {
         (void)leased(held);
-        detail::transaction_control::commit(checked(tx));
+        detail::gate_transaction& gate = checked(tx);
+        if (const auto& work = gate.control().at_commit) {
+            work->begin = begin_steps_now(gate.control(), work->options);
+        }
+        detail::transaction_control::commit(gate);
     }
 
     /// Rolls back. Safe after a commit() that threw; a no-op when the server's
@@ -515,6 +464,22 @@ private:
         if (first.find('\0') != std::string::npos) {
             throw std::invalid_argument("bulkhead::pqxx_transaction: a statement must not contain a NUL character");
         }
+        control.begin_statement = detail::one_query(begin_steps_now(control, options));
+        if (!first.empty()) {
+            control.begin_carries_work = true;
+            control.begin_statement.append("; ").append(first);
+        }
+        control.begin_pending = false;
+        tx.begin();
+        return tx.begin_result();
+    }
+
+    /// BEGIN and its SET LOCALs for a deferred BEGIN sent now, the timeouts
+    /// from the deadline bounded by what is left of it.
+    /// \throws bulkhead::work_deadline_exceeded when less than a millisecond
+    ///         is left (the callback has run, so it is no rejection).
+    static std::vector<std::string> begin_steps_now(detail::transaction_control& control,
+                                                    const transaction_options& options) {
         transaction_options bounded = options;
         if (options.deadline != clock::time_point::max()) {
             try {
@@ -524,14 +489,7 @@ private:
                 std::throw_with_nested(work_deadline_exceeded());
             }
         }
-        control.begin_statement = detail::begin_statement(bounded);
-        if (!first.empty()) {
-            control.begin_carries_work = true;
-            control.begin_statement.append("; ").append(first);
-        }
-        control.begin_pending = false;
-        tx.begin();
-        return tx.begin_result();
+        return detail::begin_steps(bounded);
     }
 
     /// One attempt of begin() (with `begin_now` false: BEGIN deferred).
@@ -792,6 +750,48 @@ public:
         return detail::pqxx_compat::exec_prepared(pqxx(), name, std::forward<Args>(args)...);
     }
 
+    /// Sends `sql`, with its parameters ($1, ...), together with BEGIN and
+    /// COMMIT when the gate commits: the whole transaction in one round trip
+    /// (BEGIN, the statement, the id question, COMMIT and the reset in one
+    /// write). It must be the transaction's only statement; nothing runs
+    /// before the callback returns. Return what this returns from the
+    /// callback: the call then returns it, holding the statement's rows once
+    /// the transaction committed. Parameters go as text (pqxx::to_string);
+    /// nullptr, std::nullopt and an empty std::optional are NULL. A statement
+    /// that fails ends the call with its error, nothing committed; a COMMIT
+    /// whose connection is lost is settled as any other. COPY ... FROM STDIN
+    /// fails on the server, the connection closed after it; the rows of
+    /// COPY ... TO STDOUT are dropped. A stop request cancels the statement on the server; the
+    /// call's deadline bounds it as it bounds any statement.
+    /// \throws std::logic_error when BEGIN was sent already or a statement is
+    ///         already waiting for COMMIT, or when libpq is older than 14.5 (no
+    ///         usable pipeline mode); std::invalid_argument for a NUL character
+    ///         in the statement or a parameter. Nothing is sent then.
+    template <class... Args>
+    [[nodiscard]] statement_result exec_with_commit(std::string_view sql, Args&&... args) {
+        if (!pending()) {
+            throw std::logic_error(
+                "bulkhead::pqxx_transaction::exec_with_commit: must be the transaction's only statement, and BEGIN "
+                "was sent already");
+        }
+        if (!detail::pipeline_usable()) {
+            throw std::logic_error(
+                "bulkhead::pqxx_transaction::exec_with_commit: needs libpq 14.5 or later "
+                "(pipeline mode); this process has libpq " +
+                std::to_string(PQlibVersion()));
+        }
+        if (sql.find('\0') != std::string_view::npos) {
+            throw std::invalid_argument("bulkhead::pqxx_transaction: a statement must not contain a NUL character");
+        }
+        auto work = std::make_shared<detail::one_trip_statement>();
+        work->sql = sql;
+        work->parameters.reserve(sizeof...(Args));
+        (work->parameters.push_back(detail::parameter_text(args)), ...);
+        work->options = m_options;
+        m_tx->control().at_commit = work;
+        return statement_result(std::move(work));
+    }
+
     /// The libpqxx transaction underneath, BEGIN sent (alone, if no statement
     /// has sent it yet).
     /// \throws what BEGIN failed with; std::logic_error once the first query failed.
@@ -820,6 +820,11 @@ private:
                 "bulkhead::pqxx_transaction: the transaction's first query (BEGIN and its statement) failed; "
                 "nothing more runs in it");
         }
+        if (control.at_commit) {
+            throw std::logic_error(
+                "bulkhead::pqxx_transaction: a statement waits to go with COMMIT (exec_with_commit); nothing else "
+                "runs in the transaction");
+        }
         return control.begin_pending;
     }
 
@@ -835,6 +840,7 @@ inline pqxx_transaction pqxx_pool::deferred(transaction& tx, const transaction_o
 
 static_assert(transactional_pool<pqxx_pool>);
 static_assert(pool_defers_begin<pqxx_pool>);
+static_assert(pool_commits_statements<pqxx_pool>);
 static_assert(std::is_nothrow_move_constructible_v<pqxx_pool::lease> &&
               !std::is_copy_constructible_v<pqxx_pool::lease>);
 

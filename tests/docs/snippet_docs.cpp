@@ -141,6 +141,12 @@ const long balance = gate.transaction(call, [&](bulkhead::pqxx_transaction& tx) 
 });
 reply_200(balance);  // snippet-context
 }  // snippet-context
+void one_round_trip(gate_t& gate, const gate_t::options& call) {  // snippet-context
+const bulkhead::statement_result moved = gate.execute(
+    call, "UPDATE accounts SET balance = balance + $1 WHERE id = $2", 100, 7);
+const std::uint64_t rows = moved.affected_rows();
+reply_200(static_cast<long>(rows));  // snippet-context
+}  // snippet-context
 void first_statement(gate_t& gate) {  // snippet-context
 gate_t::options call{.deadline = std::chrono::steady_clock::now() + 100ms};
 call.transaction.read_only = true;

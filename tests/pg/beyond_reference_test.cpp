@@ -29,20 +29,6 @@ clock_type::duration time_of(Call&& call) {
     return clock_type::now() - start;
 }
 
-/// Requests the stop and checks that `call` then ends within a second, with
-/// bulkhead::work_cancelled over the server's 57014.
-void check_cancelled_at_once(std::stop_source& source, std::future<void>& call) {
-    const auto stop_at = clock_type::now();
-    source.request_stop();
-    try {
-        call.get();
-        FAIL("no exception");
-    } catch (const bulkhead::work_cancelled& cancelled) {
-        CHECK(sqlstate_of([&] { std::rethrow_if_nested(cancelled); }) == "57014");
-    }
-    CHECK(clock_type::now() - stop_at < 1s);
-}
-
 }  // namespace
 
 // --- 1. One deadline, every stage ------------------------------------------------

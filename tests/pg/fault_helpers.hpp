@@ -14,8 +14,9 @@
 #include <bulkhead/pqxx_pool.hpp>
 
 #include <chrono>
-#include <cstdint>
 #include <csignal>
+#include <cstdint>
+#include <future>
 #include <random>
 #include <regex>
 #include <stop_token>
@@ -57,6 +58,20 @@ inline bulkhead::pqxx_pool_options proxied_options(const tcp_proxy& proxy, const
     auto options = pool_options(application_name, 1);
     options.conninfo = through(proxy);
     return options;
+}
+
+/// Requests the stop and checks that `call` then ends within a second, with
+/// bulkhead::work_cancelled over the server's 57014.
+inline void check_cancelled_at_once(std::stop_source& source, std::future<void>& call) {
+    const auto stop_at = std::chrono::steady_clock::now();
+    source.request_stop();
+    try {
+        call.get();
+        FAIL("no exception");
+    } catch (const bulkhead::work_cancelled& cancelled) {
+        CHECK(sqlstate_of([&] { std::rethrow_if_nested(cancelled); }) == "57014");
+    }
+    CHECK(std::chrono::steady_clock::now() - stop_at < std::chrono::seconds(1));
 }
 
 /// A gate of one permit over a pool of one connection that reaches the

@@ -174,7 +174,13 @@ private:
         std::atomic<long> completions_relayed{0};
         std::atomic<long> completions_delivered{0};  // of those, handed to the client's socket
         std::atomic<long> swallow_from{LONG_MAX};
-        long id_answered_at = -1;               // client pump only: completions once the id question is answered
+        long id_answered_at = -1;  // client pump only: completions once the id question is answered
+        // Client pump only: Parse messages since the last Sync, and the
+        // completions relayed when the first of them came. A pipeline sends
+        // several statements before any is answered: the k-th one's answer
+        // is completion pipeline_base + k.
+        int parses_since_sync = 0;
+        long pipeline_base = 0;
         std::atomic<int> single_bytes_owed{0};  // answers to SSLRequest / GSSENCRequest
         std::atomic<bool> closed{false};
         std::atomic<int>* open = nullptr;
@@ -287,6 +293,8 @@ private:
                     if (!on_query(through, message, length)) {
                         return;
                     }
+                } else if (message[0] == 'S') {
+                    through.parses_since_sync = 0;
                 }
                 wait_while_silent(through);
                 if (m_severed || !send_all(through.upstream, message, total)) {
@@ -317,10 +325,20 @@ private:
             text += name;
             size = name < size ? ::strnlen(text, size - name) + 1 : 0;
         }
-        if ((message[0] == 'P' || message[0] == 'Q') && is_id_question(text)) {
-            // Everything before it was answered (libpq waits for that): its
-            // answer is the next completion.
-            through.id_answered_at = through.completions_relayed.load() + 1;
+        // The completions the client hears before this statement's own. A
+        // simple query is sent once everything before it was answered
+        // (libpq waits for that); a Parse may follow others of its pipeline,
+        // not answered yet.
+        long answered_before = through.completions_relayed.load();
+        if (message[0] == 'P') {
+            if (through.parses_since_sync++ == 0) {
+                through.pipeline_base = answered_before;
+            }
+            answered_before = through.pipeline_base + through.parses_since_sync - 1;
+        }
+        if (is_id_question(text)) {
+            // Its answer is the next completion.
+            through.id_answered_at = answered_before + 1;
             if (m_armed.load() == cut::drop_commit_and_id && m_armed.exchange(cut::none) == cut::drop_commit_and_id) {
                 ++m_cuts;
                 through.swallow_from = through.id_answered_at - 1;  // from its answer on
@@ -335,7 +353,7 @@ private:
         }
         // The completions the client hears before the COMMIT's own: all so
         // far, and the id question's answer when one is on its way.
-        const long before_commit = std::max(through.completions_relayed.load(), through.id_answered_at);
+        const long before_commit = std::max(answered_before, through.id_answered_at);
         through.id_answered_at = -1;
         const cut how = m_armed.load() == cut::drop_commit_and_id ? cut::none : m_armed.exchange(cut::none);
         if (how == cut::drop_before_commit) {

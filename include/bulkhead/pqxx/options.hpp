@@ -4,7 +4,7 @@
 // check_options() refuses anything out of range before a pool is built,
 // with a std::invalid_argument that names the field and never a password.
 // isolation names the transaction isolation levels the pool spells out in
-// BEGIN.
+// BEGIN; pqxx_transaction_options are the settings of one gate transaction.
 #pragma once
 
 #include <bulkhead/pool_stats.hpp>
@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -119,6 +120,68 @@ enum class isolation : std::uint8_t {
     read_committed,   ///< READ COMMITTED, PostgreSQL's default
     repeatable_read,  ///< REPEATABLE READ
     serializable,     ///< SERIALIZABLE
+};
+
+/// Settings of one gate transaction of a pqxx_pool (db_bulkhead's
+/// `options::transaction`; pqxx_pool::transaction_options).
+struct pqxx_transaction_options {
+    using clock = std::chrono::steady_clock;
+
+    /// The transaction's isolation level (spelled out in BEGIN, so a
+    /// server default does not apply).
+    isolation isolation_level = isolation::read_committed;
+    /// BEGIN ... READ ONLY instead of READ WRITE.
+    bool read_only = false;
+    /// SET LOCAL statement_timeout, in whole milliseconds (0 disables the
+    /// server's timeout for this transaction). A statement that runs
+    /// longer fails with SQLSTATE 57014. In [0, INT_MAX].
+    std::optional<std::chrono::milliseconds> statement_timeout{};
+    /// SET LOCAL lock_timeout, in whole milliseconds; a lock wait that
+    /// lasts longer fails with SQLSTATE 55P03. In [0, INT_MAX].
+    std::optional<std::chrono::milliseconds> lock_timeout{};
+    /// The call's deadline (db_bulkhead sets it from its options). When
+    /// set, statement_timeout becomes the time left when the transaction
+    /// begins, if that is shorter; a statement the server cuts short for
+    /// it reaches the caller as bulkhead::work_deadline_exceeded.
+    clock::time_point deadline = clock::time_point::max();
+    /// With a deadline, bound lock waits by the time left as well
+    /// (lock_timeout), not only statements.
+    bool deadline_sets_lock_timeout = false;
+    /// Read-write transactions ask for their transaction id, if one was
+    /// assigned, in the COMMIT's own round trip, so that a COMMIT whose
+    /// connection is lost can be settled afterwards with
+    /// pg_xact_status(): the caller then gets the value (it committed),
+    /// the failure (it was rolled back, or no id was assigned: nothing was
+    /// written), or bulkhead::commit_unknown (the outcome, or the id
+    /// itself, could not be had). After a statement that reported a write
+    /// (its command tag: INSERT, UPDATE, ...) the question goes in
+    /// pipeline mode, where the server sends its answer before it
+    /// commits; otherwise ahead of COMMIT in the same simple query, which
+    /// costs one short SELECT, and a write no tag showed (a function
+    /// called by a SELECT) is then settled only when the id's answer
+    /// arrived. Asking assigns no id. Off: COMMIT and the reset as one
+    /// simple query, and a lost COMMIT is commit_unknown; so also with
+    /// libpq before 14.5 (no usable pipeline mode).
+    bool resolve_commit_outcome = true;
+    /// SQL that BEGIN carries: sent after BEGIN (and its SET LOCAL) in the
+    /// same simple query, before the callback runs, so the transaction
+    /// needs one round trip less; a one-statement transaction makes two
+    /// (BEGIN with the statement, COMMIT), as pgJDBC's do. Text only, no
+    /// parameters (numbers as text, strings quoted by the caller); several
+    /// statements separated by ';' are allowed. The callback reads the
+    /// result of its last statement with pqxx_pool::first_result(tx).
+    /// The server runs nothing of it when BEGIN fails, and stops at its
+    /// first failing statement: the call then fails with that statement's
+    /// error (a pqxx::sql_error; the deadline's timeout becomes
+    /// bulkhead::work_deadline_exceeded), the transaction is rolled back,
+    /// the callback never runs, and the connection is kept. A BEGIN
+    /// that carries one is not retried on another connection when the
+    /// connection breaks (E9), since the statement may have run. A stop
+    /// request cancels it as it cancels the callback's statements (the
+    /// call then fails with bulkhead::work_cancelled). Must stay valid
+    /// until the call returns; must not contain a NUL character. Empty:
+    /// none.
+    std::string_view first_statement{};
 };
 
 namespace detail {

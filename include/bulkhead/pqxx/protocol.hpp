@@ -54,6 +54,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -338,24 +339,27 @@ inline commit_lookup read_commit_status(const connect_target& target, int server
     }
 }
 
+/// BEGIN with the options' isolation level and access mode, then SET LOCAL
+/// for each timeout they set: one statement each.
 /// \throws std::invalid_argument for a timeout outside [0, INT_MAX] ms.
 template <class Options>
-std::string begin_statement(const Options& options) {
-    std::string statement = "BEGIN ISOLATION LEVEL ";
+std::vector<std::string> begin_steps(const Options& options) {
+    std::vector<std::string> steps;
+    std::string& begin = steps.emplace_back("BEGIN ISOLATION LEVEL ");
     switch (options.isolation_level) {
         case isolation::read_committed:
-            statement += "READ COMMITTED";
+            begin += "READ COMMITTED";
             break;
         case isolation::repeatable_read:
-            statement += "REPEATABLE READ";
+            begin += "REPEATABLE READ";
             break;
         case isolation::serializable:
-            statement += "SERIALIZABLE";
+            begin += "SERIALIZABLE";
             break;
         default:
             throw std::invalid_argument("bulkhead::pqxx_pool: isolation_level is not a bulkhead::isolation");
     }
-    statement += options.read_only ? " READ ONLY" : " READ WRITE";
+    begin += options.read_only ? " READ ONLY" : " READ WRITE";
     const auto set_local = [&](std::string_view name, const std::optional<std::chrono::milliseconds>& value) {
         if (!value) {
             return;
@@ -365,11 +369,27 @@ std::string begin_statement(const Options& options) {
                                         std::to_string(INT_MAX) + "] ms, got " + std::to_string(value->count()) +
                                         " ms");
         }
-        statement.append("; SET LOCAL ").append(name).append(" = ").append(std::to_string(value->count()));
+        steps.push_back("SET LOCAL " + std::string(name) + " = " + std::to_string(value->count()));
     };
     set_local("statement_timeout", options.statement_timeout);
     set_local("lock_timeout", options.lock_timeout);
-    return statement;
+    return steps;
+}
+
+/// Statements joined into one simple query.
+[[nodiscard]] inline std::string one_query(const std::vector<std::string>& statements) {
+    std::string query;
+    for (const std::string& statement : statements) {
+        query.append(query.empty() ? "" : "; ").append(statement);
+    }
+    return query;
+}
+
+/// begin_steps() as one simple query: one round trip.
+/// \throws std::invalid_argument for a timeout outside [0, INT_MAX] ms.
+template <class Options>
+std::string begin_statement(const Options& options) {
+    return one_query(begin_steps(options));
 }
 
 // --- the guard on the callback's statements ---------------------------------
@@ -507,15 +527,6 @@ inline constexpr const char* session_settings_query =
     return steps;
 }
 
-/// Statements joined into one simple query.
-[[nodiscard]] inline std::string one_query(const std::vector<std::string>& statements) {
-    std::string query;
-    for (const std::string& statement : statements) {
-        query.append(query.empty() ? "" : "; ").append(statement);
-    }
-    return query;
-}
-
 /// Sends `sql` as one simple query and reads every result, calling
 /// `on_result(index, result)` (noexcept) for each. True when the connection
 /// is still good after the last one; false when it broke (or the query could
@@ -534,52 +545,88 @@ bool run_simple_query(PGconn* connection, const char* sql, OnResult&& on_result)
     return PQstatus(connection) == CONNECTION_OK;
 }
 
-/// Sends `first` (one statement), a Flush, each of `rest` (one statement
-/// each) and a Sync, in pipeline mode and in one write, and reads every
-/// answer: on_first(result) for the first statement's result(s),
-/// on_result(index, result) for those of rest[index] (a statement skipped
+/// Frees a libpq result.
+struct result_clear {
+    void operator()(PGresult* result) const noexcept { PQclear(result); }
+};
+/// A libpq result, owned.
+using result_ptr = std::unique_ptr<PGresult, result_clear>;
+
+/// One statement sent in pipeline mode: its text and its parameters ($1,
+/// ...), text format, a null pointer for NULL.
+struct pipeline_statement {
+    const char* sql = nullptr;
+    int parameter_count = 0;
+    const char* const* parameters = nullptr;
+};
+
+/// Sends each of `head` (one statement each), a Flush, each of `tail` (one
+/// statement each) and a Sync, in pipeline mode and in one write, and reads
+/// every answer: on_head(index, result) for the result(s) of head[index]
+/// (a result_ptr&, which it may take over),
+/// on_tail(index, result) for those of tail[index] (a statement skipped
 /// after an error before it gets a PGRES_PIPELINE_ABORTED result). The
-/// server answers `first` and, told by the Flush, sends that answer before it
-/// runs anything of `rest`. One round trip. True when the connection is still
-/// good afterwards, every answer was read and pipeline mode was left; false
-/// when it broke (or nothing could be sent), in which case some results may
-/// be missing. Needs libpq 14.5 or later (pipeline_usable()); any server
-/// with the extended query protocol.
+/// server answers `head` and, told by the Flush, sends those answers before
+/// it runs anything of `tail`. One round trip. A COPY in `head` has its
+/// rows read and dropped (TO STDOUT); one FROM STDIN fails on the server,
+/// which finds the pipeline's next message where it wanted rows, and libpq
+/// is told the COPY is over; on_head sees its results. True when the connection is still good
+/// afterwards, every answer was read and pipeline mode was left; false when
+/// it broke (or nothing could be sent), in which case some results may be
+/// missing. Needs libpq 14.5 or later (pipeline_usable()); any server with
+/// the extended query protocol.
 #if defined(LIBPQ_HAS_PIPELINING)
-template <class OnFirst, class OnResult>
-bool run_pipeline(PGconn* connection, const char* first, const std::vector<std::string>& rest, OnFirst&& on_first,
-                  OnResult&& on_result) noexcept {
-    static_assert(noexcept(on_first(std::declval<const PGresult&>())));
-    static_assert(noexcept(on_result(std::size_t{}, std::declval<const PGresult&>())));
+template <class OnHead, class OnTail>
+bool run_pipeline(PGconn* connection, std::span<const pipeline_statement> head, const std::vector<std::string>& tail,
+                  OnHead&& on_head, OnTail&& on_tail) noexcept {
+    static_assert(noexcept(on_head(std::size_t{}, std::declval<result_ptr&>())));
+    static_assert(noexcept(on_tail(std::size_t{}, std::declval<const PGresult&>())));
     if (connection == nullptr || PQenterPipelineMode(connection) == 0) {
         return false;
     }
-    const auto send = [connection](const char* statement) noexcept {
-        return PQsendQueryParams(connection, statement, 0, nullptr, nullptr, nullptr, nullptr, 0) != 0;
-    };
-    bool sent = send(first) && PQsendFlushRequest(connection) != 0;
-    for (std::size_t index = 0; sent && index < rest.size(); ++index) {
-        sent = send(rest[index].c_str());
+    bool sent = true;
+    for (const pipeline_statement& statement : head) {
+        sent = sent && PQsendQueryParams(connection, statement.sql, statement.parameter_count, nullptr,
+                                         statement.parameters, nullptr, nullptr, 0) != 0;
+    }
+    sent = sent && PQsendFlushRequest(connection) != 0;
+    for (const std::string& statement : tail) {
+        sent = sent && PQsendQueryParams(connection, statement.c_str(), 0, nullptr, nullptr, nullptr, nullptr, 0) != 0;
     }
     sent = sent && PQpipelineSync(connection) != 0;  // sends everything
     // The results of one statement, up to the null that ends them; false when
     // the connection broke or the answers are out of step.
     const auto read_statement = [connection](auto&& each) noexcept {
-        while (PGresult* result = PQgetResult(connection)) {
-            const bool statement_result = PQresultStatus(result) != PGRES_PIPELINE_SYNC;
-            if (statement_result) {
-                each(*result);
-            }
-            PQclear(result);
-            if (!statement_result) {
+        while (result_ptr result{PQgetResult(connection)}) {
+            const ExecStatusType status = PQresultStatus(result.get());
+            if (status == PGRES_PIPELINE_SYNC) {
                 return false;
+            }
+            each(result);
+            if (status == PGRES_COPY_OUT) {
+                char* row = nullptr;
+                int length = 0;
+                while ((length = PQgetCopyData(connection, &row, 0)) >= 0) {
+                    PQfreemem(row);
+                }
+                if (length == -2) {
+                    return false;
+                }
+            } else if (status == PGRES_COPY_IN || status == PGRES_COPY_BOTH) {
+                if (PQputCopyEnd(connection, "bulkhead: COPY FROM STDIN cannot run in one round trip") != 1 ||
+                    PQflush(connection) != 0) {
+                    return false;
+                }
             }
         }
         return PQstatus(connection) == CONNECTION_OK;
     };
-    bool in_step = sent && read_statement([&](const PGresult& result) noexcept { on_first(result); });
-    for (std::size_t index = 0; in_step && index < rest.size(); ++index) {
-        in_step = read_statement([&](const PGresult& result) noexcept { on_result(index, result); });
+    bool in_step = sent;
+    for (std::size_t index = 0; in_step && index < head.size(); ++index) {
+        in_step = read_statement([&](result_ptr& result) noexcept { on_head(index, result); });
+    }
+    for (std::size_t index = 0; in_step && index < tail.size(); ++index) {
+        in_step = read_statement([&](result_ptr& result) noexcept { on_tail(index, *result); });
     }
     if (in_step) {
         PGresult* result = PQgetResult(connection);

@@ -28,6 +28,7 @@
 #include <bulkhead/pqxx/conninfo.hpp>
 #include <bulkhead/pqxx/pooled_connection.hpp>
 #include <bulkhead/pqxx/protocol.hpp>
+#include <bulkhead/pqxx/statement_result.hpp>
 #include <bulkhead/pqxx/watchdog.hpp>
 
 #include <libpq-fe.h>
@@ -38,14 +39,18 @@
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace bulkhead::detail {
 
 struct transaction_control;
+struct first_answer;
 
 /// The pqxx::dbtransaction the gate's callback works in.
 using gate_transaction = pqxx_compat::gate_transaction<transaction_control>;
@@ -99,6 +104,9 @@ struct transaction_control {
     std::exception_ptr abort_failure;           // a ROLLBACK that failed inside libpqxx's abort()
     socket_watchdog* watchdog = nullptr;        // the pool's, when a deadline is armed
     socket_watchdog::ticket watch = 0;          // the armed entry, or 0
+    // The statement that goes with COMMIT (pqxx_transaction::exec_with_commit),
+    // shared with the statement_result the callback returned; or null.
+    std::shared_ptr<one_trip_statement> at_commit;
 
     /// Before the BEGIN query is sent: from here on the guard watches every
     /// result, the caller's first statement's when BEGIN carries one (BEGIN's
@@ -135,6 +143,13 @@ struct transaction_control {
     }
     void on_commit(gate_transaction& tx);
     void on_abort(gate_transaction& tx);
+    /// Sends BEGIN, at_commit's statement, COMMIT and the reset in one round
+    /// trip; returns when the transaction committed.
+    void commit_in_one_trip();
+    /// After COMMIT's round trip: what the id question (when asked) and the
+    /// COMMIT with its reset (`answer`) said, `alive` whether the connection
+    /// held. Returns when the transaction committed; throws otherwise.
+    void settle_commit(bool alive, const first_answer& question, const first_answer& answer);
 
     /// Before a statement of the callback is sent (libpqxx 6's do_exec; 7
     /// has no such hook and relies on block_guard's shut write side).
@@ -259,8 +274,10 @@ inline void transaction_control::on_commit(gate_transaction& /*tx*/) {
         refused = true;
         throw std::logic_error(refusal);
     }
-    if (begin_pending) {
-        return;  // a deferred BEGIN that no statement sent: nothing began, nothing to commit or reset
+    if (begin_pending || at_commit) {
+        // A deferred BEGIN that no statement sent: nothing began, nothing to
+        // commit or reset. Or the statement went with COMMIT, already sent.
+        return;
     }
     if (ended_by_callback()) {
         throw std::logic_error(block_ended);
@@ -315,10 +332,17 @@ inline void transaction_control::on_commit(gate_transaction& /*tx*/) {
                                  });
     } else {
 #if defined(LIBPQ_HAS_PIPELINING)  // track_txid is only set where pipeline mode is usable
-        alive = run_pipeline(handle, xact_id_if_assigned(owner->server_version), owner->commit_steps, record_question,
-                             record);
+        const pipeline_statement asked{xact_id_if_assigned(owner->server_version)};
+        alive = run_pipeline(
+            handle, {&asked, 1}, owner->commit_steps,
+            [&](std::size_t /*index*/, result_ptr& result) noexcept { record_question(*result); }, record);
 #endif
     }
+    settle_commit(alive, question, answer);
+}
+
+inline void transaction_control::settle_commit(bool alive, const first_answer& question, const first_answer& answer) {
+    PGconn* const handle = owner->handle;
     if (question.answered && !question.succeeded && question.from_server) {
         // The server failed the question (a cancel or a timeout that hit it,
         // its farewell): it skipped everything up to the Sync, the COMMIT
@@ -355,6 +379,97 @@ inline void transaction_control::on_commit(gate_transaction& /*tx*/) {
     if (answer.rest_failed || !alive) {
         owner->discard = true;  // committed; the reset did not complete
     }
+}
+
+/// BEGIN and its SET LOCALs, the statement, the question for the id (when
+/// tracked), a Flush, COMMIT and the reset, and a Sync, in pipeline mode and
+/// one write. The server stops at the first statement that fails and skips
+/// everything up to the Sync, COMMIT included: a failed statement commits
+/// nothing and leaves the failed transaction for rollback(). The Flush makes
+/// the server send the statement's result and the id before it commits, so
+/// a COMMIT whose connection is lost is settled as any other (B, E, I1).
+inline void transaction_control::commit_in_one_trip() {
+    one_trip_statement& work = *at_commit;
+    PGconn* const handle = owner->handle;
+    if (session_ending(handle)) {
+        close_session();
+        throw pqxx::broken_connection(
+            "bulkhead: the server ended the session before the statement was sent (nothing was sent, and the "
+            "connection was closed)");
+    }
+    std::vector<const char*> values;
+    values.reserve(work.parameters.size());
+    for (const std::optional<std::string>& parameter : work.parameters) {
+        values.push_back(parameter ? parameter->c_str() : nullptr);
+    }
+    std::vector<pipeline_statement> head;
+    head.reserve(work.begin.size() + 2);
+    for (const std::string& step : work.begin) {
+        head.push_back({step.c_str()});
+    }
+    const std::size_t at = head.size();
+    head.push_back({work.sql.c_str(), static_cast<int>(values.size()), values.data()});
+    if (track_txid) {
+        head.push_back({xact_id_if_assigned(owner->server_version)});
+    }
+    first_answer opening;    // BEGIN and SET LOCAL: the first that failed
+    first_answer statement;  // the caller's
+    result_ptr rows;
+    first_answer question;
+    first_answer answer;           // COMMIT, then the reset
+    backend_open = true;           // until the answers say otherwise
+#if defined(LIBPQ_HAS_PIPELINING)  // exec_with_commit refuses to register a statement without it
+    const bool alive = run_pipeline(
+        handle, head, owner->commit_steps,
+        [&](std::size_t index, result_ptr& result) noexcept {
+            if (index < at) {
+                if (!opening.answered || opening.succeeded) {
+                    opening.record(0, *result);
+                }
+            } else if (index == at) {
+                statement.record(0, *result);
+                rows = std::move(result);
+            } else {
+                question.record(0, *result);
+                read_txid(*result);
+            }
+        },
+        [&](std::size_t index, const PGresult& result) noexcept { answer.record(index, result); });
+#else
+    (void)at;
+    const bool alive = false;
+#endif
+    // A failure the server reported before COMMIT: it skipped the rest.
+    const first_answer* failed = nullptr;
+    const char* failed_sql = nullptr;
+    if (opening.answered && !opening.succeeded && opening.from_server) {
+        failed = &opening;
+        failed_sql = work.begin.front().c_str();
+    } else if (statement.answered && !statement.succeeded && statement.from_server) {
+        failed = &statement;
+        failed_sql = work.sql.c_str();
+    }
+    if (failed != nullptr) {
+        if (alive) {
+            backend_open = inside_transaction_block(handle);  // the failed transaction, for rollback()
+        } else {
+            close_session();  // which the server rolls back
+        }
+        throw_sql_error(failed->message, failed_sql, failed->sqlstate);
+    }
+    // The statement ended the transaction block itself (COMMIT, ROLLBACK,
+    // PREPARE TRANSACTION...): only the pool's own statements ran after it,
+    // outside any block. Misuse, as from a callback (E3).
+    if (statement.succeeded && rows && ends_transaction_block(PQcmdStatus(rows.get()), 0)) {
+        owner->guard.ended = true;
+        owner->discard = true;
+        backend_open = false;
+        throw std::logic_error(block_ended);
+    }
+    settle_commit(alive, question, answer);
+    // Committed: the statement's answer came before the id's, which a
+    // lookup needs, and before COMMIT's.
+    work.result = std::move(rows);
 }
 
 /// Called for a COMMIT whose connection was lost. Returns (the COMMIT counts
@@ -479,6 +594,9 @@ inline void transaction_control::commit(gate_transaction& tx) {
         throw std::logic_error(block_ended);
     }
     const permitted_scope permit(control);
+    if (control.at_commit) {
+        control.commit_in_one_trip();
+    }
     tx.commit();
 }
 
