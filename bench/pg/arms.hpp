@@ -314,11 +314,8 @@ struct gate_settings {
     std::chrono::nanoseconds deadline = 100ms;  ///< after the intended start; zero: none
     bool read_only = true;                      ///< for workloads that write nothing
     bool resolve_commit_outcome = true;         ///< the pool's option (read-write only)
-    /// SELECT 1 only: BEGIN carries the statement (transaction_options::first_statement)
-    /// and the callback reads its result: two round trips instead of three.
-    bool first_statement = false;
     /// The callback takes bulkhead::pqxx_transaction&: BEGIN goes with its
-    /// first statement (two round trips for SELECT 1, as first_statement).
+    /// first statement (two round trips for SELECT 1).
     bool deferred_begin = false;
     /// SELECT 1 only: the whole transaction in one round trip (db_bulkhead::execute,
     /// the statement sent with BEGIN and COMMIT).
@@ -360,15 +357,7 @@ public:
         if (m_settings.deadline > m_settings.deadline.zero()) {
             options.deadline = intended + m_settings.deadline;
         }
-        if (m_settings.first_statement) {
-            options.transaction.first_statement = "SELECT 1";
-        }
-        const auto work = [&](pqxx::dbtransaction& tx) {
-            if (m_settings.first_statement) {
-                return bulkhead::pqxx_pool::first_result(tx)[0][0].as<long>();
-            }
-            return run_statements(tx, m_kind, random);
-        };
+        const auto work = [&](pqxx::dbtransaction& tx) { return run_statements(tx, m_kind, random); };
         if (m_settings.execute) {
             return call_with(options, which,
                              [](bulkhead::pqxx_transaction& tx) { return tx.exec_with_commit("SELECT 1"); });

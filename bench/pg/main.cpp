@@ -241,8 +241,8 @@ std::unique_ptr<arm> make_arm(const settings& config, const std::string& conninf
     // "gate": read-only where the workload allows, with the call's deadline;
     // "-rw": read-write (the pool's default); "-untracked": with
     // resolve_commit_outcome off; "-nodl": without a deadline (no watchdog,
-    // no SET LOCAL statement_timeout); "-first": BEGIN carries the SELECT 1
-    // (first_statement); "-noreset": the pool's reset_session off;
+    // no SET LOCAL statement_timeout); "-execute": the SELECT 1 in one round
+    // trip (db_bulkhead::execute); "-noreset": the pool's reset_session off;
     // "-noaffinity": its connection_affinity off.
     // "gate-rw-nodl" is the gate with the pool's default options.
     const auto has = [&](std::string_view part) { return which.find(part) != std::string::npos; };
@@ -254,7 +254,7 @@ std::unique_ptr<arm> make_arm(const settings& config, const std::string& conninf
         .deadline = has("-nodl") ? std::chrono::nanoseconds::zero() : std::chrono::nanoseconds(config.deadline),
         .read_only = !has("-rw") && is_read_only(kind),
         .resolve_commit_outcome = !has("-untracked"),
-        .first_statement = has("-first") && kind == workload::select1,
+        .execute = has("-execute") && kind == workload::select1,
         .reset_session = !has("-noreset"),
         .connection_affinity = !has("-noaffinity"),
         .workers = config.many_workers,
@@ -308,7 +308,7 @@ std::vector<round_trip_row> run_round_trips(const settings& config, server_monit
     const int calls = static_cast<int>(1000 * config.scale);
     const std::vector<std::pair<workload, std::vector<std::string>>> plan = {
         {workload::select1,
-         {"raw", "gate", "gate-nodl", "gate-first", "gate-rw", "gate-rw-nodl", "gate-rw-untracked", "pool"}},
+         {"raw", "gate", "gate-nodl", "gate-execute", "gate-rw", "gate-rw-nodl", "gate-rw-untracked", "pool"}},
         {workload::read_write, {"raw", "gate", "pool"}},
     };
     // Three interleaved repetitions; the table shows the medians (the counts
@@ -1057,7 +1057,7 @@ int run(const settings& config) {
         // Short runs, many repetitions, arms interleaved: each ratio compares
         // neighbouring runs, which a shared machine's drift affects alike.
         for (int rep = 1; rep <= 5; ++rep) {
-            for (const char* which : {"raw", "gate", "gate-nodl", "gate-first", "gate-rw", "gate-rw-nodl",
+            for (const char* which : {"raw", "gate", "gate-nodl", "gate-execute", "gate-rw", "gate-rw-nodl",
                                       "gate-rw-untracked", "gate-rw-nodl-noreset", "gate-rw-nodl-noaffinity", "pool"}) {
                 closed.push_back(run_closed(config, monitor, workload::select1, which, threads, rep, 1.25));
             }
@@ -1455,7 +1455,7 @@ int run(const settings& config) {
         const std::vector<std::tuple<workload, std::string, double, std::string>> goals = {
             {workload::select1, "gate-rw-nodl", 1.0, "SELECT 1, default options (read-write)"},
             {workload::select1, "gate-nodl", 1.0, "SELECT 1, read-only"},
-            {workload::select1, "gate-first", 0.98, "SELECT 1, read-only, deadline, BEGIN carries it"},
+            {workload::select1, "gate-execute", 0.98, "SELECT 1, read-only, deadline, one round trip (execute)"},
             {workload::tpcb, "gate-rw-nodl", 1.0, "tpcb (3 UPDATEs, SELECT, INSERT), default options"},
             {workload::sleep, "gate-rw-nodl", 1.0, "pg_sleep(2 ms), default options"},
             {workload::select1, "gate-rw", 0.98, "SELECT 1, read-write, deadline"},

@@ -14,7 +14,6 @@
 //               the statement, COMMIT: three round trips)
 //   gate        db_bulkhead over pqxx_pool, the callback taking
 //               pqxx::dbtransaction& (BEGIN sent before the callback runs)
-//   gate-first  the same with transaction_options::first_statement
 //   gate-deferred  the callback taking bulkhead::pqxx_transaction& (BEGIN
 //               sent with the first statement)
 //   gate-execute  db_bulkhead::execute(): BEGIN, the statement and COMMIT in
@@ -98,7 +97,6 @@ std::unique_ptr<arm> make_arm(const std::string& which, const std::string& conni
                        .queue_wait = 1s,
                        .deadline = std::chrono::nanoseconds::zero(),
                        .read_only = false,
-                       .first_statement = which == "gate-first",
                        .deferred_begin = which == "gate-deferred",
                        .execute = which == "gate-execute",
                        .workers = threads};
@@ -233,7 +231,7 @@ double median_of(std::vector<double> values) {
 }
 
 int run(const settings& config) {
-    const std::vector<std::string> arms = {"raw", "gate", "gate-first", "gate-deferred", "gate-execute", "pgbench"};
+    const std::vector<std::string> arms = {"raw", "gate", "gate-deferred", "gate-execute", "pgbench"};
     std::ostringstream table;
     std::ostringstream csv;
     csv << "delay_us,threads,arm,round,calls_per_s,p50_us,round_trips\n";

@@ -523,9 +523,9 @@ private:
     /// Stage 4's BEGIN (with `Deferred`, the transaction only: its BEGIN
     /// goes with the callback's first statement). While it runs, a stop
     /// request asks the pool to cancel it on the server, as for the
-    /// callback's statements (a pool's BEGIN may carry the caller's first
-    /// statement: pqxx_pool's first_statement); a BEGIN that fails once a
-    /// stop was requested is work_cancelled.
+    /// callback's statements and COMMIT: from BEGIN to COMMIT a stop reaches
+    /// the server; a BEGIN that fails once a stop was requested is
+    /// work_cancelled.
     template <bool Deferred>
     transaction_guard<Pool> begin_transaction(typename Pool::lease& lease, const transaction_options& settings,
                                               const options& call) {

@@ -257,8 +257,8 @@ public:
     /// \throws std::logic_error for an empty lease or one of another pool;
     ///         std::invalid_argument for a timeout out of range;
     ///         bulkhead::deadline_exceeded when the deadline left no whole
-    ///         millisecond, or when the watchdog cut off a plain BEGIN (no
-    ///         first_statement) that went unanswered; bulkhead::pool_timeout
+    ///         millisecond, or when the watchdog cut off a BEGIN that went
+    ///         unanswered; bulkhead::pool_timeout
     ///         when no other connection came for the retry; whatever libpqxx
     ///         throws (the connection is then marked for discard).
     [[nodiscard]] transaction begin(lease& held, const transaction_options& options) {
@@ -266,10 +266,8 @@ public:
         try {
             return begin_on(held, options);
         } catch (const pqxx::broken_connection&) {
-            // Not when the deadline has passed (the watchdog may be why), nor
-            // when the caller's first statement may have run.
-            if ((options.deadline != clock::time_point::max() && clock::now() >= options.deadline) ||
-                !options.first_statement.empty()) {
+            // Not when the deadline has passed (the watchdog may be why).
+            if (options.deadline != clock::time_point::max() && clock::now() >= options.deadline) {
                 throw;
             }
             held.release();  // closed: begin_on marked it for discard
@@ -282,37 +280,15 @@ public:
     /// carries it. Never retried on another connection (the statement may
     /// have run when a connection breaks under it).
     /// \throws std::logic_error for an empty lease or one of another pool;
-    ///         std::invalid_argument for a timeout out of range, or with a
-    ///         first_statement (a pqxx_transaction's first statement carries
-    ///         BEGIN itself).
+    ///         std::invalid_argument for a timeout out of range.
     [[nodiscard]] transaction begin_deferred(lease& held, const transaction_options& options) {
         (void)leased(held);
-        if (!options.first_statement.empty()) {
-            throw std::invalid_argument(
-                "bulkhead::pqxx_pool: first_statement is for callbacks that take pqxx::dbtransaction&; a "
-                "bulkhead::pqxx_transaction sends BEGIN with its own first statement");
-        }
         return begin_on(held, options, false);
     }
 
     /// The callback's view of a transaction from begin_deferred(), begun with
     /// `options`. Defined below, with pqxx_transaction.
     [[nodiscard]] pqxx_transaction deferred(transaction& tx, const transaction_options& options);
-
-    /// Inside the gate's callback: the result of the last statement of the
-    /// call's transaction_options::first_statement, which BEGIN carried.
-    /// \throws std::logic_error when `tx` is not a gate transaction of a
-    ///         pqxx_pool, or its call set no first_statement.
-    [[nodiscard]] static const pqxx::result& first_result(const pqxx::dbtransaction& tx) {
-        const auto* gate = dynamic_cast<const detail::gate_transaction*>(&tx);
-        if (gate == nullptr) {
-            throw std::logic_error("bulkhead::pqxx_pool::first_result: not the transaction of a gate's callback");
-        }
-        if (!gate->control().begin_carries_work) {
-            throw std::logic_error("bulkhead::pqxx_pool::first_result: the call set no first_statement");
-        }
-        return gate->begin_result();
-    }
 
     /// Asks the server to cancel the statement running on the leased
     /// connection, from any thread, without waiting: the request is sent on
@@ -500,10 +476,6 @@ private:
         control.target = &m_core->target();
         control.read_only = options.read_only;
         control.track_txid = options.resolve_commit_outcome && !options.read_only && detail::pipeline_usable();
-        control.begin_carries_work = !options.first_statement.empty();
-        if (options.first_statement.find('\0') != std::string_view::npos) {
-            throw std::invalid_argument("bulkhead::pqxx_pool: first_statement must not contain a NUL character");
-        }
         control.deadline = options.deadline;
         const pqxx_pool_options& settings = m_core->options();
         const clock::time_point now = clock::now();
@@ -521,9 +493,6 @@ private:
             control.settle_until = std::min(control.settle_until, cut_at);
             control.watchdog = &m_core->watchdog();
         }
-        if (control.begin_carries_work) {
-            control.begin_statement.append("; ").append(options.first_statement);
-        }
         if (control.watchdog != nullptr) {  // last: nothing but the transaction's construction may throw after it
             control.watch = control.watchdog->arm(
                 connection.watch_socket,
@@ -531,10 +500,6 @@ private:
                 connection.cut_by_watchdog);
         }
         control.begin_pending = !begin_now;
-        // Copied before the control moves: the failure below needs them.
-        const bool carries_work = control.begin_carries_work;
-        const bool timeout_from_deadline = control.timeout_from_deadline;
-        const bool lock_timeout_from_deadline = control.lock_timeout_from_deadline;
         try {
             return std::make_unique<detail::gate_transaction>(*connection.connection, std::move(control), begin_now);
         } catch (const std::bad_alloc&) {
@@ -542,31 +507,16 @@ private:
             m_core->watchdog().disarm(control.watch);  // moved-from control keeps its ticket value
             throw;
         } catch (...) {
-            // The transaction's constructor has marked the connection (kept
-            // only after a failed first statement that it rolled back).
+            // The transaction's constructor has marked the connection.
             m_core->watchdog().disarm(control.watch);
-            // The caller's first statement ended the transaction block: the
-            // guard shut the connection's write side, and libpqxx 6 may have
-            // seen the server close it before the query returned.
-            if (carries_work && connection.guard.ended) {
-                std::throw_with_nested(std::logic_error(detail::transaction_control::block_ended));
-            }
-            if (options.deadline != clock::time_point::max()) {
-                const bool cut = connection.cut_by_watchdog.load(std::memory_order_acquire);
-                // The caller's first statement ran into the deadline: reported
-                // as the callback's statements are.
-                if (carries_work &&
-                    caused_by_deadline(cut, timeout_from_deadline, lock_timeout_from_deadline, options.deadline)) {
-                    std::throw_with_nested(work_deadline_exceeded());
-                }
-                // A plain BEGIN that the watchdog cut off: none of the caller's
-                // work ran, so it is refused as a deadline that passes before
-                // the work starts, not left as libpqxx's lost connection.
-                if (!carries_work && cut) {
-                    std::throw_with_nested(deadline_exceeded(
-                        "db deadline exceeded before the work started: BEGIN was not answered by the deadline plus "
-                        "deadline_slack, and the connection was cut off"));
-                }
+            // A BEGIN that the watchdog cut off: none of the caller's work
+            // ran, so it is refused as a deadline that passes before the work
+            // starts, not left as libpqxx's lost connection.
+            if (options.deadline != clock::time_point::max() &&
+                connection.cut_by_watchdog.load(std::memory_order_acquire)) {
+                std::throw_with_nested(deadline_exceeded(
+                    "db deadline exceeded before the work started: BEGIN was not answered by the deadline plus "
+                    "deadline_slack, and the connection was cut off"));
             }
             throw;
         }

@@ -147,15 +147,6 @@ const bulkhead::statement_result moved = gate.execute(
 const std::uint64_t rows = moved.affected_rows();
 reply_200(static_cast<long>(rows));  // snippet-context
 }  // snippet-context
-void first_statement(gate_t& gate) {  // snippet-context
-gate_t::options call{.deadline = std::chrono::steady_clock::now() + 100ms};
-call.transaction.read_only = true;
-call.transaction.first_statement = "SELECT balance FROM accounts WHERE id = 7";
-const long balance = gate.transaction(call, [](pqxx::dbtransaction& tx) {
-    return bulkhead::pqxx_pool::first_result(tx)[0][0].as<long>();
-});
-reply_200(balance);  // snippet-context
-}  // snippet-context
 }  // namespace pqxx_pool_md  // snippet-context
 
 // --- docs/workloads.md ------------------------------------------------------

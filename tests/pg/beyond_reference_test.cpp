@@ -430,134 +430,70 @@ TEST_CASE("a lease used directly is checked on return without a round trip, rese
     CHECK(pool.stats().closed_for(bulkhead::close_reason::validation_failed) == 2);
 }
 
-// --- 5. BEGIN carries the first statement -----------------------------------------------
+// --- 5. BEGIN carries the first statement (bulkhead::pqxx_transaction) ------------------
 
-TEST_CASE("a first_statement travels with BEGIN: a one-statement transaction makes two round trips", "[pg][first]") {
-    proxied_gate_setup s("bulkhead_first_trips", "bulkhead-first-trips");
-    gate_t::options carried{};
-    carried.transaction.read_only = true;
-    carried.transaction.first_statement = "SELECT 41 + 1";
-    const auto trips_of = [&](const gate_t::options& call, const std::function<int(pqxx::dbtransaction&)>& work) {
-        const int before = s.proxy.queries();
-        CHECK(s.gate.transaction(call, work) == 42);
-        return s.proxy.queries() - before;
-    };
-    // Opening the connection (its setup has round trips of its own) is not counted.
-    CHECK(s.gate.transaction(carried, [](pqxx::dbtransaction&) { return 42; }) == 42);
-    CHECK(trips_of(carried,
-                   [](pqxx::dbtransaction& tx) { return bulkhead::pqxx_pool::first_result(tx)[0][0].as<int>(); }) == 2);
-    gate_t::options plain{};
-    plain.transaction.read_only = true;
-    CHECK(trips_of(plain, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT 41 + 1")[0].as<int>(); }) == 3);
-    // A NUL in it is refused before anything is sent.
-    gate_t::options with_nul = carried;
-    std::string nul_inside = "SELECT 1";
-    nul_inside.append(1, '\0').append("; SELECT 2");
-    with_nul.transaction.first_statement = nul_inside;
-    CHECK_THROWS_WITH(s.gate.transaction(with_nul, [](pqxx::dbtransaction&) { return 0; }),
-                      Catch::Matchers::ContainsSubstring("first_statement must not contain a NUL character"));
-    // Asking for a first result the call did not set is a usage error.
-    CHECK_THROWS_AS(
-        s.gate.transaction(plain, [](pqxx::dbtransaction& tx) { return bulkhead::pqxx_pool::first_result(tx).size(); }),
-        std::logic_error);
-    CHECK(s.gate.available() == 1);
-}
-
-TEST_CASE(
-    "a first_statement that fails is the call's error: nothing after it runs, the callback does not, the "
-    "connection stays",
-    "[pg][first]") {
-    scratch_table table("bulkhead_first_fails", "id int");
-    one_connection_gate setup("bulkhead-first-fails");
-    bulkhead::pqxx_pool& pool = setup.pool;
-    gate_t& gate = setup.gate;
-    const auto backend = [&] {
-        gate_t::options call{};
-        call.transaction.first_statement = "SELECT pg_backend_pid()";
-        return gate.transaction(
-            call, [](pqxx::dbtransaction& tx) { return bulkhead::pqxx_pool::first_result(tx)[0][0].as<int>(); });
-    };
-    const int before = backend();
-    int runs = 0;
-    gate_t::options failing{};
-    const std::string statements = "SELECT 1/0; INSERT INTO " + table.name() + " VALUES (1)";
-    failing.transaction.first_statement = statements;
-    try {
-        gate.transaction(failing, [&](pqxx::dbtransaction&) { ++runs; });
-        FAIL("no exception");
-    } catch (const pqxx::sql_error& failure) {
-        CHECK(failure.sqlstate() == "22012");  // division_by_zero
-    }
-    CHECK(runs == 0);
-    CHECK(table.rows() == 0);    // the server stopped at the failing statement
-    CHECK(backend() == before);  // rolled back on the same connection, which was kept
-    CHECK(pool.stats().closed_for(bulkhead::close_reason::discarded) == 0);
-    CHECK(gate.available() == 1);
-}
-
-TEST_CASE("[E9] a first_statement whose BEGIN never reached the server runs nowhere and is not retried",
-          "[pg][E9][first]") {
+TEST_CASE("[E9] a first statement whose deferred BEGIN never reached the server runs nowhere and is not retried",
+          "[pg][E9][J1]") {
     proxied_gate_setup s("bulkhead_first_lost", "bulkhead-first-lost");
     s.gate.transaction(1s, [](pqxx::dbtransaction& tx) { (void)exec_one_row(tx, "SELECT 1"); });  // open, idle
     s.proxy.arm(tcp_proxy::cut::drop_at_next_query);
-    gate_t::options call{};
     const std::string insert = "INSERT INTO " + s.table.name() + " VALUES (1)";
-    call.transaction.first_statement = insert;
     int runs = 0;
-    CHECK_THROWS_AS(s.gate.transaction(call, [&](pqxx::dbtransaction&) { ++runs; }), pqxx::broken_connection);
-    CHECK(runs == 0);
+    CHECK_THROWS_AS(s.gate.transaction(1s,
+                                       [&](bulkhead::pqxx_transaction& tx) {
+                                           ++runs;
+                                           (void)tx.exec(insert);
+                                       }),
+                    pqxx::broken_connection);
+    CHECK(runs == 1);  // not retried
     CHECK(s.proxy.cuts() == 1);
     CHECK(s.table.rows() == 0);
     CHECK(s.gate.available() == 1);
 }
 
-TEST_CASE("a first_statement that runs into the deadline is work_deadline_exceeded, within the deadline and slack",
-          "[pg][first]") {
+TEST_CASE(
+    "a first statement with its deferred BEGIN that runs into the deadline is work_deadline_exceeded, within the "
+    "deadline and slack",
+    "[pg][J1]") {
     one_connection_gate setup("bulkhead-first-deadline");
     bulkhead::pqxx_pool& pool = setup.pool;
     gate_t& gate = setup.gate;
     gate_t::options call{};
     call.deadline = clock_type::now() + 300ms;
-    call.transaction.first_statement = "SELECT pg_sleep(5)";
-    int runs = 0;
     const auto started = clock_type::now();
-    CHECK_THROWS_AS(gate.transaction(call, [&](pqxx::dbtransaction&) { ++runs; }), bulkhead::work_deadline_exceeded);
+    CHECK_THROWS_AS(gate.transaction(call, [](bulkhead::pqxx_transaction& tx) { (void)tx.exec("SELECT pg_sleep(5)"); }),
+                    bulkhead::work_deadline_exceeded);
     const auto took = clock_type::now() - started;
-    CHECK(runs == 0);
     CHECK(took >= 290ms);
     CHECK(took < 300ms + pool.options().deadline_slack + 500ms);
     CHECK(gate.stats().work_deadline_exceeded == 1);
     CHECK(gate.available() == 1);
 }
 
-TEST_CASE("[E3] a first_statement that ends the transaction block is refused like the callback's", "[pg][E3][first]") {
+TEST_CASE("[E3] a first statement with its deferred BEGIN that ends the transaction block is refused like any",
+          "[pg][E3][J1]") {
     one_connection_gate setup("bulkhead-first-commit");
     gate_t& gate = setup.gate;
-    gate_t::options call{};
-    call.transaction.first_statement = "COMMIT";
-    CHECK_THROWS_AS(gate.transaction(call, [](pqxx::dbtransaction&) {}), std::logic_error);
+    CHECK_THROWS_AS(gate.transaction(1s, [](bulkhead::pqxx_transaction& tx) { (void)tx.exec("COMMIT"); }),
+                    std::logic_error);
     CHECK(gate.available() == 1);
     CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return exec_one_row(tx, "SELECT 1")[0].as<int>(); }) == 1);
 }
 
 TEST_CASE(
-    "[E5] a stop request during a first_statement cancels it on the server: work_cancelled, the callback never "
-    "runs",
-    "[pg][E5][first]") {
+    "[E5] a stop request during a first statement with its deferred BEGIN cancels it on the server: work_cancelled",
+    "[pg][E5][J1]") {
     one_connection_gate setup("bulkhead-first-cancel");
     gate_t& gate = setup.gate;
     auto monitor = outside_connection();
     std::stop_source source;
-    int runs = 0;
     auto call = std::async(std::launch::async, [&] {
-        gate_t::options options{.stop = source.get_token()};
-        options.transaction.first_statement = "SELECT pg_sleep(10)";
-        gate.transaction(options, [&](pqxx::dbtransaction&) { ++runs; });
+        gate.transaction({.stop = source.get_token()},
+                         [](bulkhead::pqxx_transaction& tx) { (void)tx.exec("SELECT pg_sleep(10)"); });
     });
     // The statement is running on the server before the stop is requested.
     await([&] { return running(monitor, "bulkhead-first-cancel", "pg_sleep(10)") == 1; });
     check_cancelled_at_once(source, call);
-    CHECK(runs == 0);
     CHECK(gate.available() == 1);
     CHECK(gate.stats().work_cancelled == 1);
 }

@@ -276,19 +276,9 @@ TEST_CASE("[E5] request_stop returns at once when the cancel cannot get through,
     proxy.hold_new(true);  // the cancel's own connection is accepted and never answered
     std::stop_source stop;
     gate_t::options call{.stop = stop.get_token()};
-    int runs = 0;
-    std::function<void(pqxx::dbtransaction&)> work;
-    SECTION("a statement of the callback") {
-        work = [&](pqxx::dbtransaction& tx) {
-            ++runs;
-            tx.exec("SELECT pg_sleep(0.6)");
-        };
-    }
-    SECTION("a first_statement, which BEGIN carries") {
-        call.transaction.first_statement = "SELECT pg_sleep(0.6)";
-        work = [&](pqxx::dbtransaction&) { ++runs; };
-    }
-    auto running = std::async(std::launch::async, [&] { gate.transaction(call, work); });
+    auto running = std::async(std::launch::async, [&] {
+        gate.transaction(call, [](pqxx::dbtransaction& tx) { tx.exec("SELECT pg_sleep(0.6)"); });
+    });
     await_running(monitor, "bulkhead-e5", "pg_sleep(0.6)");
     const auto before = clock_type::now();
     stop.request_stop();
@@ -300,9 +290,7 @@ TEST_CASE("[E5] request_stop returns at once when the cancel cannot get through,
     // answered (5 s here, a TCP timeout in general).
     CHECK(took < 200ms);
     CHECK_THROWS_AS(running.get(), bulkhead::work_cancelled);  // the statement ran to its end; nothing committed
-    // The callback of a call whose BEGIN carried the statement never starts.
-    CHECK(runs == (call.transaction.first_statement.empty() ? 1 : 0));
-    CHECK(proxy.held() == 1);  // the cancel really was sent, and is still stuck
+    CHECK(proxy.held() == 1);                                  // the cancel really was sent, and is still stuck
     CHECK(gate.available() == 1);
     proxy.hold_new(false);
     const int next = backend_through(gate);
@@ -401,11 +389,11 @@ namespace {
 
 /// A call whose BEGIN goes unanswered, the backend frozen or the network
 /// silent, ends within deadline + slack with `Expected`, its connection
-/// discarded and its permit back. `call` says what BEGIN carries (a
-/// first_statement, or nothing); `work` is the callback, which must not
+/// discarded and its permit back. `work` is the callback, which must not
 /// return.
 template <class Expected, class Work>
-void check_unanswered_begin(gate_t::options call, const Work& work, const std::string& name) {
+void check_unanswered_begin(const Work& work, const std::string& name) {
+    gate_t::options call{};
     SECTION("the backend is frozen before the BEGIN") {
         auto options = pool_options(name, 1);
         options.deadline_slack = 250ms;
@@ -443,32 +431,24 @@ const auto never_runs = [](pqxx::dbtransaction&) { FAIL("the callback ran"); };
 
 // [direct]: freezes the backend by its pid (SIGSTOP); through PgBouncer the client's pid is one PgBouncer made
 // up; left out of the pgbouncer pass (docs/pgbouncer.md).
-TEST_CASE("[E7] a first_statement whose server or network goes silent ends within deadline + slack",
-          "[pg][E7][first][direct]") {
-    // The caller's statement may have run: reported as the work's deadline.
-    gate_t::options call{};
-    call.transaction.first_statement = "SELECT 1";
-    check_unanswered_begin<bulkhead::work_deadline_exceeded>(call, never_runs, "bulkhead-e7-first");
-}
-
 TEST_CASE(
     "[E7] a first statement that carries its deferred BEGIN (pqxx_transaction&) whose server or network goes silent "
     "ends within deadline + slack",
     "[pg][E7][J1][direct]") {
     // BEGIN goes out with the callback's first statement, which may have
-    // run: reported as the work's deadline, as for a first_statement.
+    // run: reported as the work's deadline.
     const auto first_never_answered = [](bulkhead::pqxx_transaction& tx) {
         (void)tx.exec("SELECT 1");
         FAIL("the first statement was answered");
     };
-    check_unanswered_begin<bulkhead::work_deadline_exceeded>({}, first_never_answered, "bulkhead-e7-deferred");
+    check_unanswered_begin<bulkhead::work_deadline_exceeded>(first_never_answered, "bulkhead-e7-deferred");
 }
 
 TEST_CASE("[E7] a plain BEGIN whose server or network goes silent ends within deadline + slack, before the work",
           "[pg][E7][direct]") {
     // Nothing of the caller's ran: a rejection before the work, as a deadline
     // that passes while the call waits for its connection.
-    check_unanswered_begin<bulkhead::deadline_exceeded>({}, never_runs, "bulkhead-e7-begin");
+    check_unanswered_begin<bulkhead::deadline_exceeded>(never_runs, "bulkhead-e7-begin");
 }
 
 // --- E8 ---------------------------------------------------------------------------

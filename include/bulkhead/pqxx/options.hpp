@@ -163,25 +163,6 @@ struct pqxx_transaction_options {
     /// simple query, and a lost COMMIT is commit_unknown; so also with
     /// libpq before 14.5 (no usable pipeline mode).
     bool resolve_commit_outcome = true;
-    /// SQL that BEGIN carries: sent after BEGIN (and its SET LOCAL) in the
-    /// same simple query, before the callback runs, so the transaction
-    /// needs one round trip less; a one-statement transaction makes two
-    /// (BEGIN with the statement, COMMIT), as pgJDBC's do. Text only, no
-    /// parameters (numbers as text, strings quoted by the caller); several
-    /// statements separated by ';' are allowed. The callback reads the
-    /// result of its last statement with pqxx_pool::first_result(tx).
-    /// The server runs nothing of it when BEGIN fails, and stops at its
-    /// first failing statement: the call then fails with that statement's
-    /// error (a pqxx::sql_error; the deadline's timeout becomes
-    /// bulkhead::work_deadline_exceeded), the transaction is rolled back,
-    /// the callback never runs, and the connection is kept. A BEGIN
-    /// that carries one is not retried on another connection when the
-    /// connection breaks (E9), since the statement may have run. A stop
-    /// request cancels it as it cancels the callback's statements (the
-    /// call then fails with bulkhead::work_cancelled). Must stay valid
-    /// until the call returns; must not contain a NUL character. Empty:
-    /// none.
-    std::string_view first_statement{};
 };
 
 namespace detail {
