@@ -14,6 +14,8 @@
 //   outside any transaction (handle_probe). The pool reads it once per
 //   connection, when it opens it; everything else goes through libpqxx's
 //   public API.
+// - conversions: from_string<T>(text) returns the value in 7; 6 fills a T
+//   from a C string (from_text).
 // - errors: libpqxx 6's transaction_rollback family (serialization_failure,
 //   deadlock_detected) is not an sql_error and carries no SQLSTATE; 7's is
 //   (throw_server_error).
@@ -139,6 +141,19 @@ private:
 #else
 #error "bulkhead/pqxx_pool.hpp supports libpqxx 6 and 7"
 #endif
+
+/// `text` converted to T as libpqxx converts a field: from_string<T>(text)
+/// in libpqxx 7; libpqxx 6 has only the form that fills a T from a C string.
+template <class T>
+T from_text(std::string_view text) {
+#if PQXX_VERSION_MAJOR >= 7
+    return pqxx::from_string<T>(text);
+#else
+    T value{};
+    pqxx::from_string(std::string(text).c_str(), value);
+    return value;
+#endif
+}
 
 /// libpqxx's exec_params and exec_prepared: since 7.10 spelled
 /// exec(sql, params) and exec(prepped, params), the old names deprecated.

@@ -17,6 +17,7 @@
 // thread that ran the call, before the call returns.
 #pragma once
 
+#include <bulkhead/pqxx/compat.hpp>
 #include <bulkhead/pqxx/options.hpp>
 #include <bulkhead/pqxx/protocol.hpp>
 
@@ -149,9 +150,7 @@ public:
             throw std::logic_error("bulkhead::statement_result: row " + std::to_string(row) + ", column " +
                                    std::to_string(column) + " is NULL");
         }
-        T value{};
-        pqxx::from_string(std::string(*text).c_str(), value);
-        return value;
+        return detail::pqxx_compat::from_text<T>(*text);
     }
 
 private:
