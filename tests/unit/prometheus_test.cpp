@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <regex>
 #include <stop_token>
 #include <string>
 
@@ -154,4 +156,34 @@ TEST_CASE("an exposition of plain gates only has no workload families", "[promet
     bulkhead::prometheus_exposition metrics;
     metrics.add("plain", busy_gate_stats(pool));
     CHECK(metrics.render().find("bulkhead_workload_") == std::string::npos);
+}
+
+TEST_CASE("[K10] every metric the dashboard and the alert rules query is one the library exports",
+          "[prometheus][K10]") {
+    fake_pool pool;
+    bulkhead::prometheus_exposition metrics;
+    metrics.add("orders", busy_gate_stats(pool));
+    metrics.add("main", bulkhead::pool_stats{});
+    const std::string text = metrics.render();
+    for (const char* file : {"contrib/grafana/bulkhead.json", "contrib/prometheus/alerts.yml"}) {
+        std::ifstream in(std::string(BULKHEAD_SOURCE_DIR "/") + file);
+        REQUIRE(in);
+        const std::string queries((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        const std::regex name("bulkhead_[a-z_]+");
+        int found = 0;
+        for (auto match = std::sregex_iterator(queries.begin(), queries.end(), name); match != std::sregex_iterator();
+             ++match) {
+            std::string family = match->str();
+            for (const std::string suffix : {"_bucket", "_sum", "_count"}) {
+                if (family.ends_with(suffix) && text.find("# TYPE " + family.substr(0, family.size() - suffix.size()) +
+                                                          " histogram") != std::string::npos) {
+                    family.resize(family.size() - suffix.size());
+                }
+            }
+            INFO(file << " queries " << match->str());
+            CHECK(text.find("# TYPE " + family + " ") != std::string::npos);
+            ++found;
+        }
+        CHECK(found >= 6);  // the pattern did find the queries
+    }
 }
