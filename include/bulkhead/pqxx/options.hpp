@@ -46,8 +46,9 @@ struct pqxx_pool_options {
     /// An idle connection idle for longer than this is closed (above
     /// min_idle). Zero: never.
     std::chrono::milliseconds idle_timeout{600000};
-    /// A connection older than this is closed when next seen by the pool.
-    /// Zero: never.
+    /// A connection older than this, less a random part of up to 2.5 % of
+    /// it drawn when it opens (so that connections opened together do not
+    /// retire together), is closed when next seen by the pool. Zero: never.
     std::chrono::milliseconds max_lifetime{1800000};
     /// An idle connection idle for longer than this is checked (one round
     /// trip) before it is handed out. Zero: every time.

@@ -46,6 +46,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <stop_token>
 #include <string>
@@ -423,8 +424,7 @@ private:
         bool freed = false;
         for (std::size_t index = 0; index < m_idle.size() && !retired.full();) {
             const pooled_connection& candidate = *m_idle[index];
-            const bool too_old =
-                m_options.max_lifetime.count() > 0 && elapsed_ms(candidate.opened_at, now) >= m_options.max_lifetime;
+            const bool too_old = now >= candidate.retire_at;
             const bool idle_too_long = m_options.idle_timeout.count() > 0 &&
                                        elapsed_ms(candidate.idle_since, now) >= m_options.idle_timeout &&
                                        size_locked() > m_options.min_idle;
@@ -709,6 +709,10 @@ private:
     void record_opened(pooled_connection& record) {
         record.opened_at = clock::now();
         record.idle_since = record.opened_at;
+        if (m_options.max_lifetime.count() > 0) {
+            thread_local std::mt19937_64 generator{std::random_device{}()};
+            record.retire_at = saturating_add(record.opened_at, jittered_lifetime(m_options.max_lifetime, generator()));
+        }
         const state_lock lock(*this);
         --m_opening;
         ++m_in_use;
@@ -758,7 +762,7 @@ private:
             }
             told_something = true;
         }
-        if (m_options.max_lifetime.count() > 0 && elapsed_ms(connection.opened_at, now) >= m_options.max_lifetime) {
+        if (now >= connection.retire_at) {
             return close_reason::lifetime;
         }
         // Rounded up: with validate_after_idle = 0 every connection that was
@@ -788,7 +792,7 @@ private:
         if (!connection.connection->is_open()) {
             return close_reason::broken;
         }
-        if (m_options.max_lifetime.count() > 0 && elapsed_ms(connection.opened_at, now) >= m_options.max_lifetime) {
+        if (now >= connection.retire_at) {
             return close_reason::lifetime;
         }
         if (connection.raw_access) {

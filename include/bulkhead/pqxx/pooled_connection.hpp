@@ -26,8 +26,11 @@ namespace bulkhead::detail {
 /// connection; moves between the idle list and leases by pointer, so its
 /// address is stable while a lease (and a transaction on it) holds it.
 struct pooled_connection {
-    std::unique_ptr<pqxx::connection> connection;      // never null
-    std::chrono::steady_clock::time_point opened_at;   // for max_lifetime
+    std::unique_ptr<pqxx::connection> connection;     // never null
+    std::chrono::steady_clock::time_point opened_at;  // when it was opened
+    // When it is retired: opened_at plus max_lifetime less its jitter
+    // (jittered_lifetime), or time_point::max() without a max_lifetime.
+    std::chrono::steady_clock::time_point retire_at = std::chrono::steady_clock::time_point::max();
     std::chrono::steady_clock::time_point idle_since;  // for idle_timeout and validation
     // The two flags below belong to whoever holds the connection: the lease's
     // thread while leased, the pool (under its mutex) while idle.
