@@ -34,16 +34,25 @@
 // not the back, since it was first. Callers that find an idle connection do
 // not wait at all.
 //
-// Validation and retirement (there is no background thread; all of this
-// happens inside acquire() and when a lease is returned):
+// Validation and retirement, inside acquire() and when a lease is returned:
 // - on borrow, a connection idle for longer than validate_after_idle is
 //   checked with one round trip bounded by validation_timeout; a dead one is
 //   closed and replaced without the caller seeing an error;
-// - on borrow and on return, a connection older than max_lifetime is closed;
+// - on borrow and on return, a connection older than its max_lifetime (less
+//   up to 2.5 % of jitter) is closed;
 // - on borrow and on return, idle connections idle for longer than
 //   idle_timeout are closed, as long as more than min_idle stay open;
-// - min_idle connections are opened by the constructor, best effort; the pool
-//   does not open connections in the background to refill min_idle later.
+// - min_idle connections are opened by the constructor, best effort.
+// Housekeeping: with keepalive_time set or min_idle above zero, one thread
+// per pool (started by the constructor, joined by the destructor) wakes
+// every quarter of keepalive_time (at most every second): it closes idle
+// connections the server has closed and those past their lifetime, pings
+// those idle for keepalive_time (taken out of the idle list first, so never
+// one in use), and opens connections until min_idle are open, within the
+// back-off after a failed attempt. A thread of its own, not a timer of the
+// caller's: the pool has no event loop to borrow, and the work blocks on the
+// network (a ping, a connect) for up to validation_timeout or
+// connection_timeout. Without either option there is no such thread.
 //
 // What a returned connection is checked for: a discard() mark; a broken
 // connection (`!is_open()`); a gate transaction that was begun and not ended
@@ -211,13 +220,17 @@ public:
     ///         budget cannot be read (messages without a password); with
     ///         warn, whatever on_budget_warning throws. The check runs before
     ///         anything else is built or opened.
-    explicit pqxx_pool(pqxx_pool_options options) : m_core(make_core(std::move(options))) { m_core->open_min_idle(); }
+    explicit pqxx_pool(pqxx_pool_options options) : m_core(make_core(std::move(options))) {
+        m_core->open_min_idle();
+        m_core->start_housekeeping();
+    }
 
     pqxx_pool(const pqxx_pool&) = delete;
     pqxx_pool& operator=(const pqxx_pool&) = delete;
 
-    /// Closes the idle connections. Leases still out stay valid; their
-    /// connections close when they are returned.
+    /// Stops the housekeeping thread (waiting for a ping in flight, at most
+    /// validation_timeout), closes the idle connections. Leases still out
+    /// stay valid; their connections close when they are returned.
     /// \note No thread may be inside acquire() (or any other member) then.
     ~pqxx_pool() { m_core->shut_down(); }
 

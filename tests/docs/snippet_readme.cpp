@@ -11,8 +11,8 @@ using namespace std::chrono_literals;
 
 namespace snippet {  // snippet-context
 void readme_usage(const http_request& request, const std::string& item) {  // snippet-context
-bulkhead::pqxx_pool pool({.conninfo = "host=db dbname=shop user=app", .max_size = 24,
-                          .connection_timeout = 500ms});
+bulkhead::pqxx_pool pool({.conninfo = "host=db dbname=shop user=app", .max_size = 24, .min_idle = 4,
+                          .connection_timeout = 500ms, .keepalive_time = 60s});  // kept open, pinged when idle
 bulkhead::db_bulkhead gate(pool, /*concurrent B=*/16, /*extra_slots Q=*/32);  // one per instance
 
 // Throwing API: every refusal derives from bulkhead::rejected ("the work never started").

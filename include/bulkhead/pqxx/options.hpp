@@ -35,8 +35,10 @@ struct pqxx_pool_options {
     /// Most connections open (or being opened) at once. In [1, 262143]
     /// (PostgreSQL's own limit for max_connections).
     std::size_t max_size = 10;
-    /// Connections opened by the constructor, and kept open when idle
-    /// connections are retired for idle_timeout. At most max_size.
+    /// Connections opened by the constructor and kept open: the pool's
+    /// housekeeping thread opens new ones after closes and failures (within
+    /// the connection back-off), and idle_timeout retires none below it. At
+    /// most max_size.
     std::size_t min_idle = 0;
     /// Longest wait in acquire() for a connection. At least 250 ms.
     std::chrono::milliseconds connection_timeout{30000};
@@ -50,6 +52,12 @@ struct pqxx_pool_options {
     /// it drawn when it opens (so that connections opened together do not
     /// retire together), is closed when next seen by the pool. Zero: never.
     std::chrono::milliseconds max_lifetime{1800000};
+    /// An idle connection idle this long is pinged by the pool's
+    /// housekeeping thread (one round trip, bounded by validation_timeout),
+    /// so that firewalls and servers that drop quiet connections do not, and
+    /// a dead one is found and replaced before a caller borrows it. Never a
+    /// connection in use. Zero: off. Otherwise at least 100 ms.
+    std::chrono::milliseconds keepalive_time{0};
     /// An idle connection idle for longer than this is checked (one round
     /// trip) before it is handed out. Zero: every time.
     std::chrono::milliseconds validate_after_idle{500};
@@ -226,6 +234,9 @@ inline void check_options(const pqxx_pool_options& options) {
     at_least("idle_timeout", options.idle_timeout, 0);
     at_least("max_lifetime", options.max_lifetime, 0);
     at_least("validate_after_idle", options.validate_after_idle, 0);
+    if (options.keepalive_time.count() != 0) {
+        at_least("keepalive_time (when not 0)", options.keepalive_time, 100);
+    }
     at_least("deadline_slack", options.deadline_slack, 10);
     if (options.application_name.find('\0') != std::string::npos) {
         fail("application_name must not contain a NUL character");

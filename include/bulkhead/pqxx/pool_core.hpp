@@ -188,6 +188,15 @@ public:
         }
     }
 
+    /// Starts the housekeeping thread when there is housekeeping to do
+    /// (keepalive_time, or min_idle to keep up); see housekeep().
+    /// \throws std::system_error when no thread can be started.
+    void start_housekeeping() {
+        if (m_options.keepalive_time.count() > 0 || m_options.min_idle > 0) {
+            m_housekeeper = std::jthread([this](const std::stop_token& stop) { housekeep(stop); });
+        }
+    }
+
     /// A connection for a lease; see pqxx_pool::acquire. Everything in it,
     /// the wait, the check of an idle connection and the opening of a new
     /// one, ends by min(deadline, now + connection_timeout), or at once when
@@ -268,8 +277,14 @@ public:
         retire_expired_locked(now, retired);
     }
 
-    /// The pool object is gone: close the idle connections; later returns close theirs.
+    /// The pool object is gone: stop the housekeeping thread (a ping it is
+    /// waiting for ends by validation_timeout), close the idle connections;
+    /// later returns close theirs.
     void shut_down() noexcept {
+        if (m_housekeeper.joinable()) {
+            m_housekeeper.request_stop();
+            m_housekeeper.join();
+        }
         std::vector<std::unique_ptr<pooled_connection>> idle;
         {
             const state_lock lock(*this);
@@ -417,6 +432,117 @@ private:
         pool_core& m_core;
         pool_waiter& m_node;
     };
+
+    // --- housekeeping (K1, K2) ---------------------------------------------------
+
+    /// The housekeeping thread, one per pool, only when keepalive_time is set
+    /// or min_idle is above zero. Every period (a quarter of keepalive_time,
+    /// at most a second): closes idle connections the server has closed
+    /// (its farewell is unread input: no round trip) and those past their
+    /// lifetime, pings those idle for keepalive_time, then opens connections
+    /// until min_idle are open, unless callers are waiting (they open their
+    /// own) or the back-off after a failed attempt holds. It never touches a
+    /// connection in use: what it checks it takes out of the idle list first.
+    void housekeep(const std::stop_token& stop) noexcept {
+        const clock::duration period =
+            m_options.keepalive_time.count() > 0
+                ? std::min<clock::duration>(m_options.keepalive_time / 4, std::chrono::seconds(1))
+                : std::chrono::seconds(1);
+        std::condition_variable_any tick;
+        while (!stop.stop_requested()) {
+            {
+                std::unique_lock lock(m_mutex);
+                (void)tick.wait_for(lock, stop, period, [] { return false; });
+            }
+            if (stop.stop_requested()) {
+                return;
+            }
+            check_idle(stop);
+            keep_min_idle(stop);
+        }
+    }
+
+    /// Takes out of the idle list the connections the server has closed,
+    /// those past their lifetime and, with keepalive_time, those idle that
+    /// long; closes the first two kinds and pings the third, returning the
+    /// live ones.
+    void check_idle(const std::stop_token& stop) noexcept {
+        std::vector<std::unique_ptr<pooled_connection>> due;
+        try {
+            due.reserve(m_options.max_size);
+        } catch (...) {  // out of memory: nothing this time
+            return;
+        }
+        retired_connections retired;
+        {
+            const state_lock lock(*this);
+            const clock::time_point now = clock::now();
+            retire_expired_locked(now, retired);
+            for (std::size_t index = 0; index < m_idle.size();) {
+                pooled_connection& candidate = *m_idle[index];
+                const bool told = has_unread_input(candidate.handle);
+                if (told ||
+                    (m_options.keepalive_time.count() > 0 && now - candidate.idle_since >= m_options.keepalive_time)) {
+                    due.push_back(std::move(m_idle[index]));
+                    m_idle.erase(m_idle.begin() + static_cast<std::ptrdiff_t>(index));
+                    ++m_in_use;  // checked, as on borrow: no caller can take it meanwhile
+                } else {
+                    ++index;
+                }
+            }
+        }
+        for (std::unique_ptr<pooled_connection>& connection : due) {
+            const std::optional<close_reason> unusable = stop.stop_requested() ? std::nullopt : ping(*connection);
+            if (!unusable) {
+                give_back(std::move(connection));
+                continue;
+            }
+            connection.reset();  // closed outside the mutex
+            count_close(*unusable);
+            const state_lock lock(*this);
+            --m_in_use;
+            wake_oldest_locked();  // a slot is free
+        }
+    }
+
+    /// Outside the mutex, for an idle connection taken out of the list: why
+    /// it must be closed, or nothing. Closed by the server (its farewell
+    /// read without waiting): broken; else one round trip, bounded by
+    /// validation_timeout.
+    std::optional<close_reason> ping(pooled_connection& connection) const noexcept {
+        if (has_unread_input(connection.handle) &&
+            (PQconsumeInput(connection.handle) == 0 || PQstatus(connection.handle) == CONNECTION_BAD)) {
+            return close_reason::broken;
+        }
+        if (!check_idle_session(*connection.connection, saturating_add(clock::now(), m_options.validation_timeout))) {
+            return close_reason::validation_failed;
+        }
+        return std::nullopt;
+    }
+
+    /// Opens connections until min_idle are open (see housekeep()).
+    void keep_min_idle(const std::stop_token& stop) noexcept {
+        while (!stop.stop_requested()) {
+            {
+                const state_lock lock(*this);
+                if (m_closed || size_locked() >= m_options.min_idle || !m_queue.empty() ||
+                    !can_open_locked(clock::now())) {
+                    return;
+                }
+                reserve_slot_locked();
+            }
+            std::unique_ptr<pooled_connection> connection;
+            try {
+                connection = open(saturating_add(clock::now(), m_options.connection_timeout), stop);
+            } catch (...) {  // admission_cancelled on the stop: the attempt finishes on its own
+                return;
+            }
+            if (!connection) {
+                return;  // failed: the back-off holds the next attempt
+            }
+            give_back(std::move(connection));
+        }
+    }
 
     /// Under the mutex: closes idle connections past max_lifetime, and those
     /// past idle_timeout while more than min_idle are open. Oldest first.
@@ -882,6 +1008,8 @@ private:
     std::atomic<std::uint64_t> m_connect_failures{0};
     std::atomic<std::uint64_t> m_acquire_timeouts{0};
     std::array<std::atomic<std::uint64_t>, close_reason_count> m_closed_by{};
+
+    std::jthread m_housekeeper;  // housekeep(); started after construction, joined by shut_down()
 };
 
 }  // namespace bulkhead::detail
