@@ -193,6 +193,7 @@ public:
     /// \throws std::system_error when no thread can be started.
     void start_housekeeping() {
         if (m_options.keepalive_time.count() > 0 || m_options.min_idle > 0) {
+            m_due.reserve(m_options.max_size);  // once: a tick allocates nothing
             m_housekeeper = std::jthread([this](const std::stop_token& stop) { housekeep(stop); });
         }
     }
@@ -467,12 +468,7 @@ private:
     /// long; closes the first two kinds and pings the third, returning the
     /// live ones.
     void check_idle(const std::stop_token& stop) noexcept {
-        std::vector<std::unique_ptr<pooled_connection>> due;
-        try {
-            due.reserve(m_options.max_size);
-        } catch (...) {  // out of memory: nothing this time
-            return;
-        }
+        std::vector<std::unique_ptr<pooled_connection>>& due = m_due;  // capacity max_size: no allocation
         retired_connections retired;
         {
             const state_lock lock(*this);
@@ -503,6 +499,7 @@ private:
             --m_in_use;
             wake_oldest_locked();  // a slot is free
         }
+        due.clear();
     }
 
     /// Outside the mutex, for an idle connection taken out of the list: why
@@ -1009,6 +1006,7 @@ private:
     std::atomic<std::uint64_t> m_acquire_timeouts{0};
     std::array<std::atomic<std::uint64_t>, close_reason_count> m_closed_by{};
 
+    std::vector<std::unique_ptr<pooled_connection>> m_due;  // housekeeping thread only: what check_idle() checks
     std::jthread m_housekeeper;  // housekeep(); started after construction, joined by shut_down()
 };
 
