@@ -12,6 +12,7 @@
 #include <bulkhead/error.hpp>
 #include <bulkhead/fifo_semaphore.hpp>
 #include <bulkhead/result.hpp>
+#include <bulkhead/settings_config.hpp>
 #include <bulkhead/version.hpp>
 #include <bulkhead/workload.hpp>
 #include <bulkhead/workload_config.hpp>

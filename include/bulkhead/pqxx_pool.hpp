@@ -8,6 +8,7 @@
 // target bulkhead::pqxx does). The parts, each with its own guarantees:
 //   pqxx/conninfo.hpp          connection strings and redaction (no libpq)
 //   pqxx/options.hpp           pqxx_pool_options and their validation
+//   pqxx/pool_config.hpp       pqxx_pool_options from text or the environment
 //   pqxx/connection_budget.hpp the fleet's connection budget, read from the server
 //   pqxx/compat.hpp            every libpqxx 6 / 7 difference
 //   pqxx/protocol.hpp          the transaction protocol on libpq's PGconn*
@@ -95,6 +96,7 @@
 #include <bulkhead/pqxx/connection_budget.hpp>
 #include <bulkhead/pqxx/conninfo.hpp>
 #include <bulkhead/pqxx/options.hpp>
+#include <bulkhead/pqxx/pool_config.hpp>
 #include <bulkhead/pqxx/pool_core.hpp>
 #include <bulkhead/pqxx/protocol.hpp>
 #include <bulkhead/pqxx/statement_result.hpp>

@@ -99,14 +99,16 @@ inline constexpr std::size_t config_name_excerpt = 24;
 struct config_place {
     std::string_view origin;  // the environment variable, or empty
     std::size_t line = 1;
-    std::string_view name;  // the class being read, or empty before its name
+    std::string_view name;                   // the class being read, or empty before its name
+    std::string_view subject = "workloads";  // what is read: workloads, gate settings, pool settings
 };
 
-/// Throws std::invalid_argument: "bulkhead workloads[ in VARIABLE]: line N[,
+/// Throws std::invalid_argument: "bulkhead SUBJECT[ in VARIABLE]: line N[,
 /// class "NAME"]: " and the parts of `what`, appended (not `"..." + string`:
 /// g++ 12 -O3 warns of that falsely, GCC bug 105329).
 [[noreturn]] inline void refuse_config(const config_place& place, std::initializer_list<std::string_view> what) {
-    std::string message = "bulkhead workloads";
+    std::string message = "bulkhead ";
+    message += place.subject;
     if (!place.origin.empty()) {
         message += " in ";
         message += place.origin;
@@ -198,12 +200,16 @@ inline constexpr std::array<duration_unit, 5> duration_units{{
     return parsed;
 }
 
-/// `value` of queue_wait: `none`, or a whole number and a unit.
-[[nodiscard]] inline std::chrono::nanoseconds parse_config_duration(std::string_view value, const config_place& place) {
-    if (value == "none") {
+/// `value` of `key` (queue_wait unless given): a whole number and a unit,
+/// or, with `none_allowed`, `none` (nanoseconds::max()).
+[[nodiscard]] inline std::chrono::nanoseconds parse_config_duration(std::string_view value, const config_place& place,
+                                                                    std::string_view key = "queue_wait",
+                                                                    bool none_allowed = true) {
+    if (none_allowed && value == "none") {
         return std::chrono::nanoseconds::max();
     }
-    std::string head = "queue_wait ";
+    std::string head(key);
+    head += ' ';
     head += config_excerpt(value, config_value_excerpt);
     constexpr std::string_view units = "ns, us, ms, s or min";
     if (!value.empty() && value.front() == '-') {
@@ -214,8 +220,8 @@ inline constexpr std::array<duration_unit, 5> duration_units{{
         ++digits;
     }
     if (digits == 0) {
-        refuse_config(place,
-                      {head, " is not a duration: write a whole number and a unit (", units, "), as in 50ms, or none"});
+        refuse_config(place, {head, " is not a duration: write a whole number and a unit (", units, "), as in 50ms",
+                              none_allowed ? ", or none" : ""});
     }
     const std::string_view suffix = value.substr(digits);
     if (suffix.empty()) {
@@ -232,7 +238,8 @@ inline constexpr std::array<duration_unit, 5> duration_units{{
         const auto [end, error] = std::from_chars(value.data(), value.data() + digits, count);
         if (error != std::errc{} || end != value.data() + digits ||
             count > std::numeric_limits<std::int64_t>::max() / unit.nanoseconds) {
-            refuse_config(place, {head, " is too long: nanoseconds hold about 292 years (or write none)"});
+            refuse_config(place, {head, " is too long: nanoseconds hold about 292 years",
+                                  none_allowed ? " (or write none)" : ""});
         }
         return std::chrono::nanoseconds(count * unit.nanoseconds);
     }

@@ -141,6 +141,14 @@ const long balance = gate.transaction(call, [&](bulkhead::pqxx_transaction& tx) 
 });
 reply_200(balance);  // snippet-context
 }  // snippet-context
+void from_environment() {  // snippet-context
+// BULKHEAD_POOL="max_size=24 min_idle=4 connection_timeout=500ms keepalive_time=60s"
+// BULKHEAD_GATE="concurrent=16 extra_slots=32 adaptive_floor=2"
+bulkhead::pqxx_pool pool(bulkhead::pool_settings_from_env("BULKHEAD_POOL", {.conninfo = url}));
+bulkhead::db_bulkhead gate(pool, bulkhead::gate_settings_from_env("BULKHEAD_GATE").value_or(
+                                     bulkhead::gate_settings{.concurrent = 16, .extra_slots = 32}));
+reply_200(static_cast<long>(gate.available()));  // snippet-context
+}  // snippet-context
 void one_round_trip(gate_t& gate, const gate_t::options& call) {  // snippet-context
 const bulkhead::statement_result moved = gate.execute(
     call, "UPDATE accounts SET balance = balance + $1 WHERE id = $2", 100, 7);

@@ -106,18 +106,6 @@ std::string sqlstate_of(Call&& call) {
     return "";
 }
 
-/// The message of the `Exception` thrown by `call`; "(no exception)" when it
-/// returned (any other exception propagates).
-template <class Exception, class Call>
-std::string message_of(Call&& call) {
-    try {
-        call();
-    } catch (const Exception& failure) {
-        return failure.what();
-    }
-    return "(no exception)";
-}
-
 /// An observer that counts what it hears.
 struct counting_observer {
     std::atomic<int> rejections{0};

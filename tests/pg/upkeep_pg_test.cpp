@@ -1,5 +1,6 @@
 // Contract K against a real PostgreSQL: the pool's housekeeping thread pings
-// idle connections (K1) and keeps min_idle connections open (K2).
+// idle connections (K1) and keeps min_idle connections open (K2); the
+// pool's options from text (K7).
 #include "fault_helpers.hpp"
 #include "pg_helpers.hpp"
 #include "pqxx_compat.hpp"
@@ -9,7 +10,10 @@
 #include "catch.hpp"
 
 #include <chrono>
+#include <stdexcept>
 #include <string>
+
+#include <stdlib.h>
 
 using namespace bulkhead_test;
 
@@ -100,4 +104,69 @@ TEST_CASE("[K2] min_idle connections are kept open after closes and failures", "
     CHECK(pool.stats().opened == 4);
     CHECK(pool.size() == 2);
     CHECK(sessions(monitor, "bulkhead-k2") == 2);
+}
+
+TEST_CASE("[K7] a pool's options read from text or the environment, the conninfo never quoted", "[pg][K7]") {
+    SECTION("every key, over a base") {
+        const bulkhead::pqxx_pool_options read = bulkhead::parse_pool_settings(
+            "conninfo='host=db password=it''s' max_size=24 min_idle=4  # sizes\n"
+            "connection_timeout=500ms validation_timeout=1s idle_timeout=10min max_lifetime=0ms keepalive_time=60s\n"
+            "validate_after_idle=0ms deadline_slack=100ms application_name='orders api'; reset_session=false\n"
+            "connection_affinity=false budget_check=warn");
+        CHECK(read.conninfo == "host=db password=it's");
+        CHECK(read.max_size == 24);
+        CHECK(read.min_idle == 4);
+        CHECK(read.connection_timeout == 500ms);
+        CHECK(read.validation_timeout == 1s);
+        CHECK(read.idle_timeout == 10min);
+        CHECK(read.max_lifetime == 0ms);
+        CHECK(read.keepalive_time == 60s);
+        CHECK(read.validate_after_idle == 0ms);
+        CHECK(read.deadline_slack == 100ms);
+        CHECK(read.application_name == "orders api");
+        CHECK_FALSE(read.reset_session);
+        CHECK_FALSE(read.connection_affinity);
+        CHECK(read.budget_check == bulkhead::budget_check_mode::warn);
+        bulkhead::pqxx_pool_options base;
+        base.conninfo = "host=elsewhere";
+        base.max_size = 3;
+        const bulkhead::pqxx_pool_options over = bulkhead::parse_pool_settings("min_idle=1", base);
+        CHECK(over.conninfo == "host=elsewhere");
+        CHECK(over.max_size == 3);
+        CHECK(over.min_idle == 1);
+    }
+    SECTION("errors name the key, never a password") {
+        const auto refused = [](const char* text) {
+            return message_of<std::invalid_argument>([&] { (void)bulkhead::parse_pool_settings(text); });
+        };
+        for (const char* text : {"conninfo='host=db password=hunter2xyz", "conninfo=host=db password=hunter2xyz",
+                                 "conninfo=host=db'password=hunter2xyz'", "conninfo='host=db password=hunter2xyz'x"}) {
+            const std::string message = refused(text);
+            INFO(text << " -> " << message);
+            CHECK(message.starts_with("bulkhead pool settings: line 1: "));
+            CHECK(message.find("hunter2") == std::string::npos);
+            CHECK(message.find("unter") == std::string::npos);
+        }
+        CHECK(refused("reset_session=yes") ==
+              "bulkhead pool settings: line 1: reset_session \"yes\" is not true or false");
+        CHECK(refused("budget_check=maybe") ==
+              "bulkhead pool settings: line 1: budget_check \"maybe\" is not off, warn or refuse");
+        CHECK(
+            refused("max_size=8\nconnection_timeout=500") ==
+            "bulkhead pool settings: line 2: connection_timeout \"500\" has no unit: add one of ns, us, ms, s or min, "
+            "as in 50ms");
+        CHECK(refused("pool_size=8").starts_with("bulkhead pool settings: line 1: unknown key \"pool_size\" (known: "));
+    }
+    SECTION("from the environment, and out of range as the pool refuses it from code") {
+        const bulkhead::pqxx_pool_options base = pool_options("bulkhead-k7", 1);
+        CHECK(bulkhead::pool_settings_from_env("BULKHEAD_POOL_K7_UNSET", base).max_size == 1);
+        ::setenv("BULKHEAD_POOL_K7_TEST", "max_size=2 min_idle=1", 1);
+        const bulkhead::pqxx_pool_options read = bulkhead::pool_settings_from_env("BULKHEAD_POOL_K7_TEST", base);
+        ::unsetenv("BULKHEAD_POOL_K7_TEST");
+        bulkhead::pqxx_pool pool(read);
+        CHECK(pool.size() == 1);  // min_idle from the text, against the real server
+        CHECK(pool.options().max_size == 2);
+        CHECK_THROWS_WITH(bulkhead::pqxx_pool(bulkhead::parse_pool_settings("max_size=0", base)),
+                          Catch::Matchers::ContainsSubstring("max_size must be in [1, "));
+    }
 }

@@ -5,9 +5,22 @@
 
 #include <atomic>
 #include <chrono>
+#include <string>
 #include <thread>
 
 namespace bulkhead_test {
+
+/// The message of the `Exception` thrown by `call`; "(no exception)" when it
+/// returned (any other exception propagates).
+template <class Exception, class Call>
+std::string message_of(Call&& call) {
+    try {
+        call();
+    } catch (const Exception& failure) {
+        return failure.what();
+    }
+    return "(no exception)";
+}
 
 /// Spins (yielding) until `done()` holds, for ordering threads by an observable
 /// state instead of a sleep; fails the test after 10 s.

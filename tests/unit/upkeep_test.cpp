@@ -1,13 +1,21 @@
 // Contract K, the parts that need no database: the jitter on a connection's
-// lifetime (K3).
+// lifetime (K3), a gate's settings from text (K7).
 #include <bulkhead/detail/clock.hpp>
+#include <bulkhead/settings_config.hpp>
+
+#include "test_util.hpp"
 
 #include "catch.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <random>
+#include <stdexcept>
+#include <string>
+
+#include <stdlib.h>
 
 using namespace std::chrono_literals;
 
@@ -35,4 +43,66 @@ TEST_CASE("[K3] max_lifetime is jittered: up to 2.5 % shorter, never longer, spr
         high = std::max(high, drawn);
     }
     CHECK(high - low > lifetime / 80);
+}
+
+TEST_CASE("[K7] a gate's settings read from text or the environment, errors naming the key", "[K7]") {
+    SECTION("every key, comments, ';' and line ends") {
+        const bulkhead::gate_settings settings = bulkhead::parse_gate_settings(
+            "concurrent=16 extra_slots=32   # B and Q\n"
+            "adaptive_floor=2; adaptive_interval=500ms adaptive_tolerance=1.75 adaptive_headroom=1.1\n"
+            "adaptive_error_rate=0.1 adaptive_min_samples=5 adaptive_queue_allowance=0");
+        CHECK(settings.concurrent == 16);
+        CHECK(settings.extra_slots == 32);
+        REQUIRE(settings.adaptive.has_value());
+        CHECK(settings.adaptive->floor == 2);
+        CHECK(settings.adaptive->interval == 500ms);
+        CHECK(settings.adaptive->tolerance == 1.75);
+        CHECK(settings.adaptive->headroom == 1.1);
+        CHECK(settings.adaptive->error_rate == 0.1);
+        CHECK(settings.adaptive->min_samples == 5);
+        CHECK(settings.adaptive->queue_allowance == 0.0);
+        // What the text leaves out keeps the default: a fixed limit.
+        CHECK_FALSE(bulkhead::parse_gate_settings("concurrent=4").adaptive.has_value());
+    }
+    SECTION("what it refuses, naming the line and the key") {
+        const auto refused = [](const char* text) {
+            return bulkhead_test::message_of<std::invalid_argument>([&] { (void)bulkhead::parse_gate_settings(text); });
+        };
+        CHECK(refused("concurrent=16 concurent=4") ==
+              "bulkhead gate settings: line 1: unknown key \"concurent\" (known: concurrent, extra_slots, "
+              "adaptive_floor, adaptive_interval, adaptive_tolerance, adaptive_headroom, adaptive_error_rate, "
+              "adaptive_min_samples, adaptive_queue_allowance)");
+        CHECK(refused("concurrent=16\nextra_slots=-1") ==
+              "bulkhead gate settings: line 2: extra_slots \"-1\" must not be negative");
+        CHECK(refused("concurrent = 16") ==
+              "bulkhead gate settings: line 1: \"concurrent\" has no '=' right after it: write \"concurrent\"=value, "
+              "with no space around the '='");
+        CHECK(refused("concurrent=16 concurrent=8") == "bulkhead gate settings: line 1: concurrent is given twice");
+        CHECK(refused("adaptive_interval=1.5s") ==
+              "bulkhead gate settings: line 1: adaptive_interval \"1.5s\" is not a whole number: use a smaller unit "
+              "(1500ms, not 1.5s)");
+        CHECK(refused("adaptive_interval=1500us") ==
+              "bulkhead gate settings: line 1: adaptive_interval \"1500us\" is not a whole number of milliseconds");
+        CHECK(refused("adaptive_tolerance=1e3") ==
+              "bulkhead gate settings: line 1: adaptive_tolerance \"1e3\" is not a decimal number: write one as in "
+              "adaptive_tolerance=1.5");
+        CHECK(refused("concurrent=") == "bulkhead gate settings: line 1: concurrent has no value after its '='");
+        CHECK(refused("concurrent='16") ==
+              "bulkhead gate settings: line 1: the quoted value of concurrent has no closing quote");
+        CHECK(refused("=16") == "bulkhead gate settings: line 1: expected a key=value pair, found \"=\"");
+    }
+    SECTION("from the environment: unset is nothing, errors name the variable") {
+        CHECK_FALSE(bulkhead::gate_settings_from_env("BULKHEAD_GATE_K7_UNSET").has_value());
+        ::setenv("BULKHEAD_GATE_K7_TEST", "concurrent=8 extra_slots=x", 1);
+        CHECK_THROWS_WITH(bulkhead::gate_settings_from_env("BULKHEAD_GATE_K7_TEST"),
+                          "bulkhead gate settings in BULKHEAD_GATE_K7_TEST: line 1: extra_slots \"x\" is not a "
+                          "number: write a whole number, as in extra_slots=4");
+        ::setenv("BULKHEAD_GATE_K7_TEST", "concurrent=8 extra_slots=2", 1);
+        const std::optional<bulkhead::gate_settings> read = bulkhead::gate_settings_from_env("BULKHEAD_GATE_K7_TEST");
+        ::unsetenv("BULKHEAD_GATE_K7_TEST");
+        REQUIRE(read.has_value());
+        CHECK(read->concurrent == 8);
+        CHECK(read->extra_slots == 2);
+        CHECK_THROWS_AS(bulkhead::gate_settings_from_env(""), std::invalid_argument);
+    }
 }
