@@ -13,8 +13,6 @@
 #include <stdexcept>
 #include <string>
 
-#include <stdlib.h>
-
 using namespace bulkhead_test;
 
 namespace {
@@ -160,9 +158,8 @@ TEST_CASE("[K7] a pool's options read from text or the environment, the conninfo
     SECTION("from the environment, and out of range as the pool refuses it from code") {
         const bulkhead::pqxx_pool_options base = pool_options("bulkhead-k7", 1);
         CHECK(bulkhead::pool_settings_from_env("BULKHEAD_POOL_K7_UNSET", base).max_size == 1);
-        ::setenv("BULKHEAD_POOL_K7_TEST", "max_size=2 min_idle=1", 1);
+        const scoped_env variable("BULKHEAD_POOL_K7_TEST", "max_size=2 min_idle=1");
         const bulkhead::pqxx_pool_options read = bulkhead::pool_settings_from_env("BULKHEAD_POOL_K7_TEST", base);
-        ::unsetenv("BULKHEAD_POOL_K7_TEST");
         bulkhead::pqxx_pool pool(read);
         CHECK(pool.size() == 1);  // min_idle from the text, against the real server
         CHECK(pool.options().max_size == 2);

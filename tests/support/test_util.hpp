@@ -5,10 +5,39 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 
 namespace bulkhead_test {
+
+/// Sets an environment variable for one scope and restores it after.
+class scoped_env {
+public:
+    scoped_env(const char* name, const char* value) : m_name(name) {
+        if (const char* before = std::getenv(name)) {  // NOLINT(concurrency-mt-unsafe): no other thread runs
+            m_before = before;
+        }
+        set(value);
+    }
+    scoped_env(const scoped_env&) = delete;
+    scoped_env& operator=(const scoped_env&) = delete;
+    ~scoped_env() { set(m_before ? m_before->c_str() : nullptr); }
+
+    /// Sets the variable to `value`, or unsets it for null.
+    void set(const char* value) const {
+        if (value == nullptr) {
+            ::unsetenv(m_name);  // NOLINT(concurrency-mt-unsafe): no other thread runs
+        } else {
+            ::setenv(m_name, value, 1);  // NOLINT(concurrency-mt-unsafe): no other thread runs
+        }
+    }
+
+private:
+    const char* m_name;
+    std::optional<std::string> m_before;
+};
 
 /// The message of the `Exception` thrown by `call`; "(no exception)" when it
 /// returned (any other exception propagates).

@@ -15,8 +15,6 @@
 #include <stdexcept>
 #include <string>
 
-#include <stdlib.h>
-
 using namespace std::chrono_literals;
 
 TEST_CASE("[K3] max_lifetime is jittered: up to 2.5 % shorter, never longer, spread across the range", "[K3]") {
@@ -93,13 +91,12 @@ TEST_CASE("[K7] a gate's settings read from text or the environment, errors nami
     }
     SECTION("from the environment: unset is nothing, errors name the variable") {
         CHECK_FALSE(bulkhead::gate_settings_from_env("BULKHEAD_GATE_K7_UNSET").has_value());
-        ::setenv("BULKHEAD_GATE_K7_TEST", "concurrent=8 extra_slots=x", 1);
+        bulkhead_test::scoped_env variable("BULKHEAD_GATE_K7_TEST", "concurrent=8 extra_slots=x");
         CHECK_THROWS_WITH(bulkhead::gate_settings_from_env("BULKHEAD_GATE_K7_TEST"),
                           "bulkhead gate settings in BULKHEAD_GATE_K7_TEST: line 1: extra_slots \"x\" is not a "
                           "number: write a whole number, as in extra_slots=4");
-        ::setenv("BULKHEAD_GATE_K7_TEST", "concurrent=8 extra_slots=2", 1);
+        variable.set("concurrent=8 extra_slots=2");
         const std::optional<bulkhead::gate_settings> read = bulkhead::gate_settings_from_env("BULKHEAD_GATE_K7_TEST");
-        ::unsetenv("BULKHEAD_GATE_K7_TEST");
         REQUIRE(read.has_value());
         CHECK(read->concurrent == 8);
         CHECK(read->extra_slots == 2);

@@ -3,6 +3,7 @@
 // start-up log. No gate runs work here; a gate over the test-double pool is
 // built only to compare its refusals with describe_workloads()'s.
 #include "fake_pool.hpp"
+#include "test_util.hpp"
 
 #include <bulkhead/db_bulkhead.hpp>
 #include <bulkhead/workload_config.hpp>
@@ -30,6 +31,7 @@ using namespace std::chrono_literals;
 using bulkhead::workload_class;
 using bulkhead::workload_plan;
 using bulkhead_test::fake_pool;
+using bulkhead_test::scoped_env;
 using gate_t = bulkhead::db_bulkhead<fake_pool>;
 using std::chrono::nanoseconds;
 
@@ -58,33 +60,6 @@ std::size_t longest_run(std::string_view text, char c) {
     }
     return longest;
 }
-
-/// Sets an environment variable for one scope and restores it after.
-class scoped_env {
-public:
-    scoped_env(const char* name, const char* value) : m_name(name) {
-        if (const char* before = std::getenv(name)) {  // NOLINT(concurrency-mt-unsafe): no other thread runs
-            m_before = before;
-        }
-        set(value);
-    }
-    scoped_env(const scoped_env&) = delete;
-    scoped_env& operator=(const scoped_env&) = delete;
-    ~scoped_env() { set(m_before ? m_before->c_str() : nullptr); }
-
-    /// Sets the variable to `value`, or unsets it for null.
-    void set(const char* value) const {
-        if (value == nullptr) {
-            ::unsetenv(m_name);  // NOLINT(concurrency-mt-unsafe): no other thread runs
-        } else {
-            ::setenv(m_name, value, 1);  // NOLINT(concurrency-mt-unsafe): no other thread runs
-        }
-    }
-
-private:
-    const char* m_name;
-    std::optional<std::string> m_before;
-};
 
 /// A random plan that parse_workloads() can return: 0 to max_workloads
 /// classes, names of 1-32 characters, counts and waits at their extremes as
