@@ -39,6 +39,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <stdexcept>
@@ -151,17 +152,32 @@ void read_settings(std::string_view text, config_place place, OnPair&& on_pair) 
     refuse_config(place, {"unknown key ", config_excerpt(key, config_value_excerpt), " (known: ", known, ")"});
 }
 
-/// `value` of `key` as a decimal number (1.5; no exponent, no sign).
+/// `value` of `key` as a decimal number: digits, and a '.' and digits
+/// (1.5; no sign, no exponent; at most 15 digits in all). Read as the whole
+/// digits over a power of ten, one correctly rounded division, so 1.1 reads
+/// as the double nearest 1.1 (libc++ 19 has no from_chars for double).
 [[nodiscard]] inline double parse_config_decimal(std::string_view value, std::string_view key,
                                                  const config_place& place) {
-    double parsed = 0;
-    const char* const last = value.data() + value.size();
-    const auto [end, error] = std::from_chars(value.data(), last, parsed, std::chars_format::fixed);
-    if (value.empty() || !is_digit(value.front()) || error != std::errc{} || end != last) {
-        refuse_config(place, {key, " ", config_excerpt(value, config_value_excerpt),
-                              " is not a decimal number: write one as in ", key, "=1.5"});
+    std::int64_t digits = 0;
+    std::int64_t scale = 1;
+    int count = 0;
+    bool point = false;
+    bool valid = !value.empty() && is_digit(value.front()) && is_digit(value.back());
+    for (std::size_t at = 0; valid && at < value.size(); ++at) {
+        if (value[at] == '.' && !point) {
+            point = true;
+        } else if (is_digit(value[at]) && ++count <= 15) {
+            digits = digits * 10 + (value[at] - '0');
+            scale *= point ? 10 : 1;
+        } else {
+            valid = false;
+        }
     }
-    return parsed;
+    if (!valid) {
+        refuse_config(place, {key, " ", config_excerpt(value, config_value_excerpt),
+                              " is not a decimal number: write one as in ", key, "=1.5 (at most 15 digits)"});
+    }
+    return static_cast<double>(digits) / static_cast<double>(scale);
 }
 
 /// `value` of `key` as whole milliseconds (a whole number and a unit).

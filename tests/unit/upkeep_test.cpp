@@ -14,6 +14,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 using namespace std::chrono_literals;
 
@@ -59,6 +60,14 @@ TEST_CASE("[K7] a gate's settings read from text or the environment, errors nami
         CHECK(settings.adaptive->error_rate == 0.1);
         CHECK(settings.adaptive->min_samples == 5);
         CHECK(settings.adaptive->queue_allowance == 0.0);
+        // The double nearest each decimal, as a compiler reads the literal.
+        for (const auto& [text, expected] :
+             {std::pair{"0.1", 0.1}, std::pair{"123.456", 123.456}, std::pair{"2.675", 2.675}, std::pair{"7", 7.0},
+              std::pair{"0.00000000000001", 0.00000000000001}}) {
+            INFO(text);
+            CHECK(bulkhead::parse_gate_settings(std::string("adaptive_tolerance=") + text).adaptive->tolerance ==
+                  expected);
+        }
         // What the text leaves out keeps the default: a fixed limit.
         CHECK_FALSE(bulkhead::parse_gate_settings("concurrent=4").adaptive.has_value());
     }
@@ -83,7 +92,12 @@ TEST_CASE("[K7] a gate's settings read from text or the environment, errors nami
               "bulkhead gate settings: line 1: adaptive_interval \"1500us\" is not a whole number of milliseconds");
         CHECK(refused("adaptive_tolerance=1e3") ==
               "bulkhead gate settings: line 1: adaptive_tolerance \"1e3\" is not a decimal number: write one as in "
-              "adaptive_tolerance=1.5");
+              "adaptive_tolerance=1.5 (at most 15 digits)");
+        for (const char* decimal : {"1.", ".5", "1..5", "1.5.", "-1.5", "1234567890123456"}) {
+            INFO(decimal);
+            CHECK_THAT(refused((std::string("adaptive_tolerance=") + decimal).c_str()),
+                       Catch::Matchers::ContainsSubstring("is not a decimal number"));
+        }
         CHECK(refused("concurrent=") == "bulkhead gate settings: line 1: concurrent has no value after its '='");
         CHECK(refused("concurrent='16") ==
               "bulkhead gate settings: line 1: the quoted value of concurrent has no closing quote");
