@@ -596,6 +596,12 @@ inline void transaction_control::commit(gate_transaction& tx) {
     const permitted_scope permit(control);
     if (control.at_commit) {
         control.commit_in_one_trip();
+        if (!control.owner->connection->is_open()) {
+            // Settled as committed after its connection was lost: libpqxx 7
+            // refuses commit() on a closed connection; the transaction's
+            // destructor closes libpqxx's books.
+            return;
+        }
     }
     tx.commit();
 }
