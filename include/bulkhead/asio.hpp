@@ -107,6 +107,19 @@ public:
         m_guard.reset();
         m_context.stop();
         m_thread.join();
+        // A timer cancelled just before exit has its handler ready but not
+        // yet run, and that handler may hold its operation's last
+        // reference: run what is ready, so the operation is freed rather
+        // than dropped with the context (which destroys handlers unrun).
+        // Only timers of calls still waiting, which no caller may leave
+        // behind at exit, are left pending.
+        try {
+            m_context.restart();
+            m_context.poll();
+        } catch (...) {
+            // The handlers do not throw; a failure of the reactor leaves
+            // what remains to the context's destructor.
+        }
     }
     [[nodiscard]] asio::io_context& context() noexcept { return m_context; }
 
