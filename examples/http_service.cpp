@@ -14,6 +14,9 @@
 //           the reason goes to standard error, passwords removed).
 //   /stats  the gate's figures as key=value lines: permits, slots, queue,
 //           counters, the per-call time and the Retry-After it gives now.
+//   /health 200 "serving" or 503 "not serving", then the reason and its
+//           detail when there is one (db_bulkhead::health(): closed, the
+//           pool cannot connect, the limit at its floor, the budget).
 //
 // Threads. One event-loop thread (main's) accepts, parses and answers every
 // connection; libpqxx blocks, so the transactions run on the gate's B work
@@ -501,7 +504,21 @@ private:
         if (asked.path == "/stats") {
             co_return response{.body = stats_text()};
         }
-        co_return response{.status = 404, .body = "not found: try /value, /fail or /stats\n"};
+        if (asked.path == "/health") {
+            co_return health_answer();
+        }
+        co_return response{.status = 404, .body = "not found: try /value, /fail, /stats or /health\n"};
+    }
+
+    /// 200 while the gate serves (with a warning when it has one), 503 when
+    /// it does not; the first line names the reason, the rest is the detail.
+    response health_answer() {
+        const bulkhead::gate_health health = m_gate.health();
+        std::string body = health.serving ? "serving" : "not serving";
+        if (health.reason != bulkhead::health_reason::none) {
+            body.append(": ").append(bulkhead::to_string(health.reason)).append("\n").append(health.detail);
+        }
+        return response{.status = health.serving ? 200 : 503, .body = body + "\n"};
     }
 
     /// Runs `sql` (one row, one int) in a transaction through the gate.

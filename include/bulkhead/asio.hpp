@@ -51,7 +51,9 @@
 // the call completes with work_cancelled. options::deadline and queue_wait
 // bound the wait as in the blocking API (a steady_timer while queued, on one
 // timer thread shared by the process: the handler's executor may belong to
-// no event loop). Nothing frees the permits early: the operation
+// no event loop). The gate's close(), at its deadline, stops a call the same
+// way (its stop is forwarded to the operation's). Nothing frees the permits
+// early: the operation
 // owns the handler, so the awaiting coroutine lives until the work has
 // unwound, and a caller that lost interest (a destroyed future, the losing
 // side of an awaitable `||`) does not shorten the work.
@@ -303,6 +305,7 @@ private:
         if (call.stop.stop_possible()) {
             m_forward_stop.emplace(call.stop, forward_stop{&m_stop});
         }
+        m_forward_close.emplace(core().cancellation().get_token(), forward_stop{&m_stop});
         auto slot = asio::get_associated_cancellation_slot(m_handler);
         if (slot.is_connected()) {
             slot.template emplace<cancel_on_signal>(cancel_on_signal{this});
@@ -581,6 +584,7 @@ private:
     limit_type m_limit;
     std::stop_source m_stop;  // Asio cancellation, the caller's stop and nothing else stop this
     std::optional<std::stop_callback<forward_stop>> m_forward_stop;
+    std::optional<std::stop_callback<forward_stop>> m_forward_close;   // the gate's close() stops the call too
     std::optional<std::stop_callback<leave_on_stop>> m_leave_on_stop;  // while queued
     std::optional<queue_timer> m_timer;                                // while queued with a finite wait
     typename Gate::clock::time_point m_wait_until{};                   // the timer's expiry, when there is one

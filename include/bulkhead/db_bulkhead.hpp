@@ -25,10 +25,13 @@
 #pragma once
 
 #include <bulkhead/adaptive_limit.hpp>
+#include <bulkhead/close_report.hpp>
+#include <bulkhead/detail/clock.hpp>
 #include <bulkhead/detail/gate_core.hpp>
 #include <bulkhead/detail/held_gates.hpp>
 #include <bulkhead/error.hpp>
 #include <bulkhead/gate_stats.hpp>
+#include <bulkhead/health.hpp>
 #include <bulkhead/observer.hpp>
 #include <bulkhead/permit.hpp>
 #include <bulkhead/pool_concept.hpp>
@@ -36,6 +39,7 @@
 #include <bulkhead/transaction_guard.hpp>
 #include <bulkhead/workload.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -43,6 +47,7 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -133,6 +138,11 @@ public:
         /// plain gate). An id that is not one of this gate's classes is
         /// misuse (std::logic_error).
         workload_id workload{};
+        /// Where the call was made, for the pool's leak reports
+        /// (pqxx_pool_options::leak_threshold): the line where these options
+        /// were initialized, filled in by the compiler, or a label
+        /// (`.site = "nightly rollup"`).
+        call_site site{};
     };
 
     /// Creates a gate with `concurrent` (B) execution permits and
@@ -159,6 +169,16 @@ public:
 
     db_bulkhead(const db_bulkhead&) = delete;
     db_bulkhead& operator=(const db_bulkhead&) = delete;
+
+    /// A gate must be empty when destroyed: a call still inside would
+    /// release its permit into freed memory. One that is not ends the
+    /// process with a message saying so (close() first, and destroy the
+    /// gate only once close() reports it drained).
+    ~db_bulkhead() {
+        if (const int inside = m_core.in_flight(); inside > 0) [[unlikely]] {
+            detail::die_with_calls_inside("bulkhead::db_bulkhead", inside);
+        }
+    }
 
     /// The class named `name`, for options::workload.
     /// \throws std::invalid_argument when the gate has no such class (a
@@ -203,8 +223,8 @@ public:
 
     /// Same as transaction({.queue_wait = queue_wait}, work).
     template <class Work>
-    auto transaction(std::chrono::nanoseconds queue_wait, Work&& work) {
-        return transaction(options{.queue_wait = queue_wait}, std::forward<Work>(work));
+    auto transaction(std::chrono::nanoseconds queue_wait, Work&& work, call_site site = {}) {
+        return transaction(options{.queue_wait = queue_wait, .site = site}, std::forward<Work>(work));
     }
 
     /// Like transaction(), but a rejection comes back as a result instead of
@@ -238,8 +258,8 @@ public:
 
     /// Same as try_transaction({.queue_wait = queue_wait}, work).
     template <class Work>
-    auto try_transaction(std::chrono::nanoseconds queue_wait, Work&& work) {
-        return try_transaction(options{.queue_wait = queue_wait}, std::forward<Work>(work));
+    auto try_transaction(std::chrono::nanoseconds queue_wait, Work&& work, call_site site = {}) {
+        return try_transaction(options{.queue_wait = queue_wait, .site = site}, std::forward<Work>(work));
     }
 
     /// Runs `work` as transaction() does, for a caller that must not block
@@ -351,6 +371,66 @@ public:
     /// The observer, for reading what it collected.
     [[nodiscard]] Observer& observer() noexcept { return m_observer; }
 
+    /// Drains the gate for a shutdown. From now on every call is refused
+    /// with `closed` (a rejection: counted, and for a coroutine the error
+    /// code reject_reason::closed). The calls already inside, queued and
+    /// running, threads and coroutines, may finish until `deadline`; then
+    /// whatever is left is stopped as the caller's own stop would stop it (a
+    /// queued call is refused with `closed`; running work has its statement
+    /// cancelled on the server and ends with work_cancelled, rolled back),
+    /// and close() waits up to `cancel_wait` more for those calls to unwind.
+    /// Returns what it saw; drained() says whether the gate may now be
+    /// destroyed. Calling it again waits again. Permits taken with enter()
+    /// count as calls inside but have no stop to hear. The pool is not
+    /// closed: close it after the gate (pqxx_pool::close()).
+    close_report close(clock::time_point deadline, std::chrono::milliseconds cancel_wait = std::chrono::seconds(5)) {
+        m_core.stop_admitting();
+        close_report report;
+        report.in_flight = m_core.in_flight();
+        wait_until_empty(deadline);
+        report.cancelled = m_core.in_flight();
+        if (report.cancelled > 0) {
+            m_core.cancel_all();
+            wait_until_empty(detail::saturating_add(clock::now(), cancel_wait));
+        }
+        report.still_running = m_core.in_flight();
+        return report;
+    }
+
+    /// Whether the gate can serve now, and why not (health.hpp): closed;
+    /// the pool has no connection and cannot open one (its last error,
+    /// scrubbed); or serving, with a warning: the adaptive limit at its
+    /// floor, the fleet over the server's connection budget. Reads what the
+    /// gate and the pool already know; sends nothing to the server.
+    [[nodiscard]] gate_health health() const {
+        if (m_core.closed()) {
+            return {false, health_reason::closed, "the gate was closed"};
+        }
+        pool_health pool;
+        if constexpr (pool_reports_health<Pool>) {
+            pool = m_pool->health();
+            if (!pool.can_connect) {
+                return {false, health_reason::cannot_connect, std::move(pool.last_error)};
+            }
+        }
+        if (m_core.at_floor()) {
+            return {true, health_reason::limit_at_floor,
+                    "the adaptive limit is at its floor, " + std::to_string(m_core.limit()) + " of " +
+                        std::to_string(m_core.concurrent()) + " permits"};
+        }
+        if (!pool.budget_excess.empty()) {
+            return {true, health_reason::budget_exceeded, std::move(pool.budget_excess)};
+        }
+        return {};
+    }
+
+    /// True once close() has begun: the gate admits nothing more.
+    [[nodiscard]] bool closed() const noexcept { return m_core.closed(); }
+
+    /// Calls inside the gate now, queued or running (each holds an
+    /// admission slot). An observation.
+    [[nodiscard]] int in_flight() const noexcept { return m_core.in_flight(); }
+
     /// A copy of the gate's counters, gauges and latency distributions
     /// (see gate_stats.hpp). Costs a few kilobytes of copying; never blocks
     /// callers.
@@ -436,22 +516,34 @@ private:
     /// thread, or granted by a release). The permit is recorded as this
     /// thread's, so the callback cannot reenter the gate, and is released
     /// after everything here has unwound, as for transaction().
+    /// `call.stop` already hears close(): the front end joined it.
     template <class Work>
     work_result_t<Work> run_adopted(const options& call, Work&& work, const admission_times& times, bool* started) {
         permit adopted = admitted(call, class_of(call));
-        return run(adopted, call, std::forward<Work>(work), times, started);
+        return run_joined(adopted, call, std::forward<Work>(work), times, started);
     }
 
     /// Stages 3 and 4 for a call that holds `held`. The permit is released
     /// by the caller's frame, after every local here has been destroyed.
+    /// From here on the call's stop token is joined with the gate's
+    /// cancellation, so that close() stops it as the caller's stop would.
     template <class Work>
     work_result_t<Work> run(permit& held, const options& call, Work&& work, const admission_times& times,
                             bool* started = nullptr) {
+        detail::joined_stop stop(call.stop, m_core.cancellation());
+        options joined = call;
+        joined.stop = stop.take();
+        return run_joined(held, joined, std::forward<Work>(work), times, started);
+    }
+
+    template <class Work>
+    work_result_t<Work> run_joined(permit& held, const options& call, Work&& work, const admission_times& times,
+                                   bool* started) {
         (void)held;
         // Seen after the permit was granted, but before the pool is touched:
         // still "the work never started".
         if (call.stop.stop_requested()) {
-            throw_refusal(reject_reason::admission_cancelled, call);
+            throw_refusal(m_core.stopped_reason(), call);
         }
         if (call.deadline != clock::time_point::max() && call.deadline <= times.permitted) {
             throw_refusal(reject_reason::deadline_exceeded, call);
@@ -465,7 +557,7 @@ private:
         // A stop during the pool wait (seen here when the pool cannot end
         // that wait itself): nothing has been sent, the lease goes back.
         if (call.stop.stop_requested()) {
-            throw_refusal(reject_reason::admission_cancelled, call);
+            throw_refusal(m_core.stopped_reason(), call);
         }
         if constexpr (pool_takes_deadlines<Pool>) {
             if (call.deadline != clock::time_point::max()) {
@@ -728,7 +820,9 @@ private:
     typename Pool::lease acquire_lease(const options& call) {
         const clock::time_point deadline = call.deadline;
         try {
-            if constexpr (pool_acquires_with_stop<Pool>) {
+            if constexpr (pool_acquires_at<Pool>) {
+                return m_pool->acquire(deadline, call.stop, call.site);
+            } else if constexpr (pool_acquires_with_stop<Pool>) {
                 return m_pool->acquire(deadline, call.stop);
             } else {
                 return m_pool->acquire(deadline);
@@ -742,6 +836,10 @@ private:
             detail::suggest_retry(timeout, m_core.retry_delay(class_of(call)));
             throw;
         } catch (rejected& rejection) {
+            if (rejection.reason() == reject_reason::admission_cancelled &&
+                m_core.stopped_reason() == reject_reason::closed) {
+                throw_refusal(reject_reason::closed, call);  // the pool wait was stopped by close()
+            }
             (void)m_core.refuse(rejection.reason(), class_of(call));
             detail::suggest_retry(rejection, m_core.retry_delay(class_of(call)));
             throw;
@@ -749,6 +847,14 @@ private:
             m_core.metrics().failed();  // the pool failed otherwise: still one counted outcome
             note_overload(class_of(call));
             throw;
+        }
+    }
+
+    /// close()'s wait: until the gate is empty or `until`, polled (a
+    /// shutdown can spare the millisecond; the hot path pays nothing for it).
+    void wait_until_empty(clock::time_point until) const {
+        for (clock::time_point now = clock::now(); m_core.in_flight() > 0 && now < until; now = clock::now()) {
+            std::this_thread::sleep_for(std::min<clock::duration>(std::chrono::milliseconds(1), until - now));
         }
     }
 

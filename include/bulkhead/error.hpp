@@ -38,6 +38,7 @@ enum class reject_reason : std::uint8_t {
     admission_cancelled,  ///< a stop was requested before the work started
     pool_timeout,         ///< no pool connection within the pool's connection timeout
     deadline_exceeded,    ///< the call's deadline passed (or would pass) before the work started
+    closed,               ///< the gate (or the pool) was closed: it admits nothing more
 };
 
 /// A short, stable, lower-case name for `reason` ("admission_full", ...),
@@ -54,6 +55,8 @@ enum class reject_reason : std::uint8_t {
             return "pool_timeout";
         case reject_reason::deadline_exceeded:
             return "deadline_exceeded";
+        case reject_reason::closed:
+            return "closed";
     }
     return "unknown";
 }
@@ -145,6 +148,17 @@ public:
     explicit deadline_exceeded(const std::string& what) : rejected(reject_reason::deadline_exceeded, what) {}
 };
 
+/// The gate (or the pool) was closed (db_bulkhead::close(), pqxx_pool::close()):
+/// a call arriving after close() began, or still queued for a permit when
+/// its deadline came. A service that is shutting down answers it as
+/// unavailable (HTTP 503); another instance can serve the retry.
+class closed : public rejected {
+public:
+    explicit closed(std::chrono::milliseconds retry_after = std::chrono::milliseconds(0))
+        : rejected(reject_reason::closed, "db gate closed", retry_after) {}
+    explicit closed(const std::string& what) : rejected(reject_reason::closed, what) {}
+};
+
 /// The work started and was cancelled by a stop request: the gate asked the
 /// server to cancel the running statement and rolled back. Not a `rejected`:
 /// the work did start (nothing of it was committed). The exception that the
@@ -188,6 +202,8 @@ public:
             throw pool_timeout(retry_after);
         case reject_reason::deadline_exceeded:
             throw deadline_exceeded(retry_after);
+        case reject_reason::closed:
+            throw closed(retry_after);
     }
     throw rejected(reason, "db admission rejected", retry_after);
 }
@@ -222,7 +238,7 @@ enum class work_error : std::uint8_t {
 
 namespace detail {
 
-/// The bulkhead error category: values 1 to 5 are the reject_reasons (value
+/// The bulkhead error category: values 1 to 6 are the reject_reasons (value
 /// = reason + 1, so that no reason is the zero "success"), 16 to 19 the
 /// work_errors.
 class error_category_impl final : public std::error_category {
@@ -241,6 +257,8 @@ public:
                 return "pool_timeout: no pool connection within the pool's connection timeout";
             case 5:
                 return "deadline_exceeded: the deadline passed before the work started";
+            case 6:
+                return "closed: the gate was closed and admits nothing more";
             case static_cast<int>(work_error::work_cancelled):
                 return "work_cancelled: cancelled while the work ran; rolled back";
             case static_cast<int>(work_error::work_deadline_exceeded):
@@ -276,7 +294,8 @@ public:
 /// True when `code` is a rejection: the work never started, so retrying
 /// later is safe.
 [[nodiscard]] inline bool is_rejection(const std::error_code& code) noexcept {
-    return code.category() == error_category() && code.value() >= 1 && code.value() <= 5;
+    return code.category() == error_category() && code.value() >= 1 &&
+           code.value() <= static_cast<int>(reject_reason::closed) + 1;
 }
 
 /// The rejection `code` stands for. Precondition: is_rejection(code).

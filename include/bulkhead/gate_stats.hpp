@@ -30,7 +30,7 @@
 namespace bulkhead {
 
 /// The number of reject_reason values.
-inline constexpr std::size_t reject_reason_count = 5;
+inline constexpr std::size_t reject_reason_count = 6;
 
 /// One class's figures in gate_stats::workloads.
 struct workload_stats {

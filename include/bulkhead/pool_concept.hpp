@@ -10,6 +10,8 @@
 #pragma once
 
 #include <bulkhead/adaptive_limit.hpp>
+#include <bulkhead/call_site.hpp>
+#include <bulkhead/health.hpp>
 
 #include <chrono>
 #include <concepts>
@@ -95,6 +97,13 @@ concept pool_cancels_work = requires(Pool& pool, typename Pool::lease& lease) {
     noexcept;
 };
 
+/// `pool.health()`: what the pool knows of its server without asking it
+/// (health.hpp); db_bulkhead::health() includes it.
+template <class Pool>
+concept pool_reports_health = requires(const Pool& pool) {
+    { pool.health() } -> std::same_as<pool_health>;
+};
+
 /// `pool.failed_by_deadline(tx)`: called inside a catch handler for a failure
 /// of the callback; true when the current exception is the server cutting
 /// the work short because of the deadline passed in transaction_options.
@@ -111,6 +120,14 @@ template <class Pool>
 concept pool_acquires_with_stop = requires(Pool& pool, std::chrono::steady_clock::time_point deadline,
                                            const std::stop_token& stop) {
     { pool.acquire(deadline, stop) } -> std::same_as<typename Pool::lease>;
+};
+
+/// `pool.acquire(deadline, stop, site)`: as above, recording where the call
+/// was made (call_site.hpp) for the pool's leak reports.
+template <class Pool>
+concept pool_acquires_at = requires(Pool& pool, std::chrono::steady_clock::time_point deadline,
+                                    const std::stop_token& stop, const call_site& site) {
+    { pool.acquire(deadline, stop, site) } -> std::same_as<typename Pool::lease>;
 };
 
 /// `pool.transaction_block_ended(tx)`: true when a statement of the callback

@@ -75,9 +75,10 @@
 //
 // Lifetime. The pool's state is shared with its leases: destroying the pool
 // while leases are out is safe; each such lease keeps working, and closes its
-// connection when it is returned. Destroying the pool while a thread is
-// inside acquire(), or calling a member of a destroyed pool, is undefined
-// behaviour (as for any object). A gate transaction must end before its lease
+// connection when it is returned. Destroying the pool while a thread waits
+// in acquire() ends the process with a message; calling a member of a
+// destroyed pool is undefined behaviour (as for any object). close(deadline)
+// drains it first. A gate transaction must end before its lease
 // is returned (the gate's transaction_guard does this).
 //
 // Thread safety. All pool members may be called concurrently. Everything a
@@ -233,22 +234,37 @@ public:
     /// Stops the housekeeping thread (waiting for a ping in flight, at most
     /// validation_timeout), closes the idle connections. Leases still out
     /// stay valid; their connections close when they are returned.
-    /// \note No thread may be inside acquire() (or any other member) then.
+    /// \note No thread may be inside acquire() (or any other member) then:
+    /// one found waiting there ends the process with a message saying so.
     ~pqxx_pool() { m_core->shut_down(); }
+
+    /// Drains the pool for a shutdown: from now on acquire() throws
+    /// bulkhead::closed, for the threads waiting in it too; then close()
+    /// waits until every lease is back or `deadline`, and closes the idle
+    /// connections and the housekeeping thread. Leases still out stay
+    /// valid, and their connections close when returned. It cancels nothing
+    /// itself: close the gate in front first (db_bulkhead::close()), which
+    /// stops its calls. close_report::in_flight counts the leases out and
+    /// the threads waiting at the start.
+    close_report close(clock::time_point deadline) { return m_core->close(deadline); }
 
     /// A connection, waiting at most connection_timeout.
     /// \throws bulkhead::pool_timeout when none is available in time; its
     ///         message says how long, max_size and how many are in use, and
     ///         the last connection error (password removed), if any.
     /// \note FIFO among waiters; see the file comment.
-    [[nodiscard]] lease acquire() { return acquire(clock::time_point::max()); }
+    /// `site` is where the lease was taken, for leak_threshold's reports:
+    /// the line of the call, unless a label is given.
+    [[nodiscard]] lease acquire(call_site site = {}) { return acquire(clock::time_point::max(), {}, site); }
 
     /// A connection, waiting at most connection_timeout and never past
     /// `deadline` (time_point::max(): none). A connection attempt is bounded
     /// by the remaining wait where libpq allows (connect_timeout, whole
     /// seconds, at least 2, added only when the conninfo sets none).
     /// \throws bulkhead::pool_timeout as acquire().
-    [[nodiscard]] lease acquire(clock::time_point deadline) { return acquire(deadline, std::stop_token{}); }
+    [[nodiscard]] lease acquire(clock::time_point deadline, call_site site = {}) {
+        return acquire(deadline, std::stop_token{}, site);
+    }
 
     /// As acquire(deadline), and a stop request on `stop` ends the wait at
     /// once (also the wait for a connection being opened, which then
@@ -256,9 +272,9 @@ public:
     /// check of an idle connection and the opening of a new one included,
     /// ends by min(deadline, now + connection_timeout).
     /// \throws bulkhead::pool_timeout as acquire(); bulkhead::admission_cancelled
-    ///         on a stop request.
-    [[nodiscard]] lease acquire(clock::time_point deadline, const std::stop_token& stop) {
-        return lease(m_core, m_core->acquire(deadline, stop));
+    ///         on a stop request; bulkhead::closed once close() began.
+    [[nodiscard]] lease acquire(clock::time_point deadline, const std::stop_token& stop, call_site site = {}) {
+        return lease(m_core, m_core->acquire(deadline, stop, site));
     }
 
     /// Starts a transaction on the leased connection: BEGIN with the options'
@@ -285,8 +301,9 @@ public:
             if (options.deadline != clock::time_point::max() && clock::now() >= options.deadline) {
                 throw;
             }
-            held.release();  // closed: begin_on marked it for discard
-            held = acquire(options.deadline);
+            const call_site site = leased(held).leased_by;  // the replacement is the same caller's
+            held.release();                                 // closed: begin_on marked it for discard
+            held = acquire(options.deadline, site);
             return begin_on(held, options);
         }
     }
@@ -435,7 +452,19 @@ public:
     /// budget_check says. For a health endpoint or a log line.
     /// 	hrows connection_budget_unavailable as read_connection_budget();
     ///         std::invalid_argument when the fleet plan is out of range.
-    [[nodiscard]] connection_budget read_budget() const { return read_fleet_budget(m_core->options()); }
+    /// health() reports from then on whether it fit.
+    [[nodiscard]] connection_budget read_budget() const {
+        connection_budget budget = read_fleet_budget(m_core->options());
+        m_core->note_budget(budget.fits() ? std::string() : excess_message(budget, m_core->options()));
+        return budget;
+    }
+
+    /// What the pool knows of its server without asking it (health.hpp):
+    /// whether it can connect (no connection open and the last attempt
+    /// failed: it cannot, with that attempt's error, scrubbed), and whether
+    /// the last connection budget it read fit. db_bulkhead::health()
+    /// includes it.
+    [[nodiscard]] pool_health health() const { return m_core->health(); }
 
 private:
     friend class pqxx_transaction;
@@ -573,8 +602,10 @@ private:
 
     static std::shared_ptr<detail::pool_core> make_core(pqxx_pool_options options) {
         detail::check_options(options);  // before anything is built
-        check_budget(options);
-        return std::make_shared<detail::pool_core>(std::move(options));
+        std::string excess = check_budget(options);
+        auto core = std::make_shared<detail::pool_core>(std::move(options));
+        core->note_budget(std::move(excess));
+        return core;
     }
 
     /// The budget for `options`' fleet, read as the pool connects (its
@@ -588,10 +619,20 @@ private:
                                       options.max_size, plan, options.connection_timeout);
     }
 
-    /// The start-up check of budget_check (pqxx_pool_options).
-    static void check_budget(const pqxx_pool_options& options) {
+    /// Why `budget` does not fit, scrubbed: role and application names
+    /// come from the server.
+    static std::string excess_message(const connection_budget& budget, const pqxx_pool_options& options) {
+        return detail::scrub(
+            "bulkhead::pqxx_pool: the fleet does not fit the server's connection budget:\n" + budget.explain(),
+            detail::budget_secrets(options.conninfo));
+    }
+
+    /// The start-up check of budget_check (pqxx_pool_options). Returns
+    /// excess_message() when the fleet does not fit and the pool is made
+    /// anyway (warn), empty otherwise.
+    static std::string check_budget(const pqxx_pool_options& options) {
         if (options.budget_check == budget_check_mode::off) {
-            return;
+            return {};
         }
         const bool refuse = options.budget_check == budget_check_mode::refuse;
         std::optional<connection_budget> budget;
@@ -602,19 +643,17 @@ private:
                 throw;
             }
             options.on_budget_warning(budget_warning{std::nullopt, failure.what()});
-            return;
+            return {};
         }
         if (budget->fits()) {
-            return;
+            return {};
         }
-        // Scrubbed as well: role and application names come from the server.
-        std::string message = detail::scrub(
-            "bulkhead::pqxx_pool: the fleet does not fit the server's connection budget:\n" + budget->explain(),
-            detail::budget_secrets(options.conninfo));
+        std::string message = excess_message(*budget, options);
         if (refuse) {
             throw connection_budget_exceeded(std::move(*budget), message);
         }
-        options.on_budget_warning(budget_warning{std::move(budget), std::move(message)});
+        options.on_budget_warning(budget_warning{std::move(budget), message});
+        return message;
     }
 
     /// Shortens the timeouts of `options` to the time left before its

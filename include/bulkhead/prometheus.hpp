@@ -62,7 +62,7 @@ public:
     }
 
     /// The label value for a rejection reason: full, queue_timeout,
-    /// cancelled, pool_timeout, deadline.
+    /// cancelled, pool_timeout, deadline, closed.
     [[nodiscard]] static constexpr std::string_view reason_label(reject_reason reason) noexcept {
         switch (reason) {
             case reject_reason::admission_full:
@@ -75,6 +75,8 @@ public:
                 return "pool_timeout";
             case reject_reason::deadline_exceeded:
                 return "deadline";
+            case reject_reason::closed:
+                return "closed";
         }
         return "unknown";
     }

@@ -34,6 +34,15 @@ auto total = gate.try_transaction(20ms, [](bulkhead::pqxx_transaction& tx) {
 if (!total) {
     reply_503(bulkhead::to_string(total.error()));
 }
+
+// Health, for a load balancer: 503 only when the gate cannot serve (closed, no connection to be had).
+const bulkhead::gate_health health = gate.health();
+reply(health.serving ? 200 : 503, bulkhead::to_string(health.reason));
+
+// Shutdown: new calls are refused with bulkhead::closed; those inside get 10 s, then are cancelled.
+if (gate.close(std::chrono::steady_clock::now() + 10s).drained()) {
+    pool.close(std::chrono::steady_clock::now() + 1s);
+}
 }  // snippet-context
 
 void readme_workloads(bulkhead::pqxx_pool& pool) {  // snippet-context

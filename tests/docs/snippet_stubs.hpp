@@ -28,6 +28,7 @@ inline void reply_201(int /*id*/) {}
 inline void reply_503(std::string_view /*why*/) {}
 inline void reply_503(std::string_view /*why*/, std::chrono::seconds /*retry_after*/) {}
 inline void reply_504() {}
+inline void reply(int /*status*/, std::string_view /*body*/) {}
 inline void reply_500_check_with_idempotency_key() {}
 inline int insert_order(pqxx::dbtransaction& tx, const order_t& order) {
     return tx.exec("INSERT INTO orders(item) VALUES (" + tx.quote(order.item) + ") RETURNING id").at(0).at(0).as<int>();

@@ -335,6 +335,10 @@ TEST_CASE(
     REQUIRE(failed.has_value());
     CHECK(failed->status == 500);
     CHECK(failed->body == "internal error\n");
+    const std::optional<http_answer> health = http_get(port, "/health");  // K6
+    REQUIRE(health.has_value());
+    CHECK(health->status == 200);
+    CHECK(health->body == "serving\n");
 
     // The load: 32 connections, each pausing 80 ms on average between an
     // answer and its next request, offer about 32 / 80 ms = 400 requests a second, four

@@ -1,6 +1,6 @@
 // Contract K against a real PostgreSQL: the pool's housekeeping thread pings
-// idle connections (K1) and keeps min_idle connections open (K2); the
-// pool's options from text (K7).
+// idle connections (K1), keeps min_idle connections open (K2) and reports
+// leases held past leak_threshold (K4); the pool's options from text (K7).
 #include "fault_helpers.hpp"
 #include "pg_helpers.hpp"
 #include "pqxx_compat.hpp"
@@ -10,8 +10,11 @@
 #include "catch.hpp"
 
 #include <chrono>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 using namespace bulkhead_test;
 
@@ -165,5 +168,77 @@ TEST_CASE("[K7] a pool's options read from text or the environment, the conninfo
         CHECK(pool.options().max_size == 2);
         CHECK_THROWS_WITH(bulkhead::pqxx_pool(bulkhead::parse_pool_settings("max_size=0", base)),
                           Catch::Matchers::ContainsSubstring("max_size must be in [1, "));
+    }
+}
+
+namespace {
+
+/// The leak reports a pool made, taken from its housekeeping thread.
+struct leak_log {
+    std::mutex mutex;
+    std::vector<bulkhead::lease_leak> reports;
+
+    void add(const bulkhead::lease_leak& leak) {
+        const std::lock_guard lock(mutex);
+        reports.push_back(leak);
+    }
+    std::vector<bulkhead::lease_leak> seen() {
+        const std::lock_guard lock(mutex);
+        return reports;
+    }
+};
+
+}  // namespace
+
+TEST_CASE("[K4] a lease held past leak_threshold is reported once, with how long and where it was taken", "[pg][K4]") {
+    constexpr auto threshold = 200ms;
+    leak_log log;
+    auto options = pool_options("bulkhead-k4", 2);
+    options.leak_threshold = threshold;
+    options.on_leak = [&log](const bulkhead::lease_leak& leak) { log.add(leak); };
+    bulkhead::pqxx_pool pool(options);
+    using gate_t = bulkhead::db_bulkhead<bulkhead::pqxx_pool>;
+    gate_t gate(pool, 2, 0);
+
+    SECTION("a lease: the line of its acquire(), reported once however long it is held") {
+        const int line = __LINE__ + 1;
+        bulkhead::pqxx_pool::lease held = pool.acquire();
+        const int backend = held.connection().backendpid();
+        await([&] { return !log.seen().empty(); });
+        // Held for a further ten housekeeping periods: no second report.
+        std::this_thread::sleep_for(threshold * 10 / 4);
+        const std::vector<bulkhead::lease_leak> reports = log.seen();
+        REQUIRE(reports.size() == 1);
+        CHECK(reports[0].held >= threshold);
+        CHECK(reports[0].held < threshold + 2s);
+        CHECK(reports[0].backend_pid == backend);
+        INFO("where: " << reports[0].where);
+        CHECK(reports[0].where.find("upkeep_pg_test.cpp:" + std::to_string(line)) != std::string::npos);
+    }
+    SECTION("a label given to acquire(), and a lease returned in time is never reported") {
+        { bulkhead::pqxx_pool::lease brief = pool.acquire(); }
+        bulkhead::pqxx_pool::lease held = pool.acquire(std::chrono::steady_clock::time_point::max(), "batch import");
+        await([&] { return !log.seen().empty(); });
+        std::this_thread::sleep_for(threshold * 10 / 4);
+        const std::vector<bulkhead::lease_leak> reports = log.seen();
+        REQUIRE(reports.size() == 1);
+        CHECK(reports[0].where == "batch import");
+    }
+    SECTION("a gate's call: the line of its options, or their label") {
+        const auto hold = [&](pqxx::dbtransaction&) {
+            await([&] { return !log.seen().empty(); });
+            return 0;
+        };
+        const int line = __LINE__ + 1;
+        (void)gate.transaction({.queue_wait = 1s}, hold);
+        (void)gate.transaction({.queue_wait = 1s, .site = "nightly rollup"}, [&](pqxx::dbtransaction&) {
+            await([&] { return log.seen().size() == 2; });
+            return 0;
+        });
+        const std::vector<bulkhead::lease_leak> reports = log.seen();
+        REQUIRE(reports.size() == 2);
+        INFO("where: " << reports[0].where);
+        CHECK(reports[0].where.find("upkeep_pg_test.cpp:" + std::to_string(line)) != std::string::npos);
+        CHECK(reports[1].where == "nightly rollup");
     }
 }

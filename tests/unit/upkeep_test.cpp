@@ -1,8 +1,11 @@
 // Contract K, the parts that need no database: the jitter on a connection's
-// lifetime (K3), a gate's settings from text (K7).
+// lifetime (K3), a gate's settings from text (K7), closing a gate that
+// holds only permits (K5), the gate's health (K6).
+#include <bulkhead/bulkhead.hpp>
 #include <bulkhead/detail/clock.hpp>
 #include <bulkhead/settings_config.hpp>
 
+#include "fake_pool.hpp"
 #include "test_util.hpp"
 
 #include "catch.hpp"
@@ -116,4 +119,68 @@ TEST_CASE("[K7] a gate's settings read from text or the environment, errors nami
         CHECK(read->extra_slots == 2);
         CHECK_THROWS_AS(bulkhead::gate_settings_from_env(""), std::invalid_argument);
     }
+}
+
+TEST_CASE(
+    "[K5] close() on a gate: at once when empty, and a permit from enter() has no stop and is reported still inside",
+    "[K5]") {
+    bulkhead_test::fake_pool pool;
+    using upkept_gate = bulkhead::db_bulkhead<bulkhead_test::fake_pool>;
+    {
+        upkept_gate gate(pool, 2, 2);
+        const auto start = std::chrono::steady_clock::now();
+        const bulkhead::close_report report = gate.close(start + 10s);
+        CHECK(std::chrono::steady_clock::now() - start < 5s);  // it did not wait for the deadline
+        CHECK(report.in_flight == 0);
+        CHECK(report.drained());
+        CHECK(gate.closed());
+        CHECK_FALSE(gate.try_enter());
+        CHECK(gate.try_transaction(0ms, [](bulkhead_test::fake_pool::work&) { return 1; }).error() ==
+              bulkhead::reject_reason::closed);
+        CHECK(gate.stats().rejections(bulkhead::reject_reason::closed) == 2);
+        CHECK(pool.acquired == 0);
+    }
+    upkept_gate gate(pool, 2, 2);
+    std::optional<bulkhead::permit> held;
+    held.emplace(gate.enter());
+    CHECK(gate.in_flight() == 1);
+    const auto start = std::chrono::steady_clock::now();
+    const bulkhead::close_report report = gate.close(start + 20ms, 30ms);
+    CHECK(std::chrono::steady_clock::now() - start >= 50ms);
+    CHECK(report.in_flight == 1);
+    CHECK(report.cancelled == 1);
+    CHECK(report.still_running == 1);
+    CHECK_FALSE(report.drained());
+    held.reset();
+    CHECK(gate.in_flight() == 0);
+    CHECK(gate.close(std::chrono::steady_clock::now()).drained());
+}
+
+TEST_CASE("[K6] health: serving, a warning for an adaptive limit at its floor, not serving once closed", "[K6]") {
+    bulkhead_test::fake_pool pool;
+    using upkept_gate = bulkhead::db_bulkhead<bulkhead_test::fake_pool>;
+    upkept_gate plain(pool, 2, 2);
+    bulkhead::gate_health health = plain.health();
+    CHECK(health.serving);
+    CHECK(health.reason == bulkhead::health_reason::none);
+    CHECK(health.detail.empty());
+
+    // A plan's reservations start an adaptive limit at its floor.
+    const bulkhead::workload_plan plan{{
+        bulkhead::workload_class{.name = "interactive", .reserved = 1, .queue = 4},
+        bulkhead::workload_class{.name = "batch", .reserved = 1, .queue = 4},
+    }};
+    upkept_gate adaptive(pool,
+                         {.concurrent = 6, .workloads = plan, .adaptive = bulkhead::adaptive_options{.floor = 2}});
+    REQUIRE(adaptive.limit() == 2);
+    health = adaptive.health();
+    CHECK(health.serving);
+    CHECK(health.reason == bulkhead::health_reason::limit_at_floor);
+    CHECK(health.detail == "the adaptive limit is at its floor, 2 of 6 permits");
+    CHECK(bulkhead::to_string(health.reason) == "limit_at_floor");
+
+    (void)plain.close(std::chrono::steady_clock::now());
+    health = plain.health();
+    CHECK_FALSE(health.serving);
+    CHECK(health.reason == bulkhead::health_reason::closed);
 }

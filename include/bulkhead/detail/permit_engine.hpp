@@ -195,6 +195,16 @@ public:
         return static_cast<int>(free);
     }
 
+    /// Admission slots taken: the calls in the gate, queued or running.
+    [[nodiscard]] int slots_held() const noexcept {
+        std::int64_t held = 0;
+        for (int c = 0; c < m_classes; ++c) {
+            const admission_counter& slots = *admission(c).slots;
+            held += slots.capacity() - slots.available();
+        }
+        return static_cast<int>(held);
+    }
+
     [[nodiscard]] int waiting() const noexcept {
         return m_scheduler ? m_scheduler->total().queued : static_cast<int>(m_running.waiting());
     }

@@ -25,6 +25,13 @@
 
 namespace bulkhead {
 
+/// A lease held past pqxx_pool_options::leak_threshold (on_leak).
+struct lease_leak {
+    std::chrono::milliseconds held{0};  ///< how long it had been out when it was reported
+    std::string where;                  ///< call_site::describe(): the caller's label, or "file:line (function)"
+    int backend_pid = 0;                ///< its connection's backend
+};
+
 /// Settings of a pqxx_pool. Use designated initializers:
 /// `bulkhead::pqxx_pool pool({.conninfo = "host=db dbname=app", .max_size = 8});`
 /// A duration of zero for idle_timeout or max_lifetime means "never".
@@ -121,6 +128,17 @@ struct pqxx_pool_options {
     /// budget and its arithmetic; required for warn. May throw: the
     /// constructor then throws it.
     std::function<void(const budget_warning&)> on_budget_warning{};
+    /// A lease out longer than this is reported once, by the housekeeping
+    /// thread, through on_leak: how long, and where it was taken (the
+    /// acquire() call's source location or label; for a gate's call, its
+    /// options' call_site). It keeps its connection: a lease held long may
+    /// be a long transaction, not a leak. HikariCP's leakDetectionThreshold.
+    /// Zero: off (nothing is recorded). Otherwise at least 100 ms.
+    std::chrono::milliseconds leak_threshold{0};
+    /// Receives each report of leak_threshold, on the housekeeping thread,
+    /// without the pool's mutex held; must not throw. Empty: one line on
+    /// standard error.
+    std::function<void(const lease_leak&)> on_leak{};
 };
 
 /// Transaction isolation levels (PostgreSQL's; READ UNCOMMITTED behaves as
@@ -238,6 +256,9 @@ inline void check_options(const pqxx_pool_options& options) {
         at_least("keepalive_time (when not 0)", options.keepalive_time, 100);
     }
     at_least("deadline_slack", options.deadline_slack, 10);
+    if (options.leak_threshold.count() != 0) {
+        at_least("leak_threshold (when not 0)", options.leak_threshold, 100);
+    }
     if (options.application_name.find('\0') != std::string::npos) {
         fail("application_name must not contain a NUL character");
     }

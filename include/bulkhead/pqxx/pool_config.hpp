@@ -7,12 +7,12 @@
 // The keys are pqxx_pool_options' fields of those names: conninfo and
 // application_name (text, quoted when it holds a space), max_size and
 // min_idle (whole numbers), connection_timeout, validation_timeout,
-// idle_timeout, max_lifetime, keepalive_time, validate_after_idle and
-// deadline_slack (durations: a whole number of milliseconds and a unit, 0ms
+// idle_timeout, max_lifetime, keepalive_time, validate_after_idle,
+// deadline_slack and leak_threshold (durations: a whole number of milliseconds and a unit, 0ms
 // for "never" where the field allows it), reset_session and
 // connection_affinity (true or false), budget_check (off, warn or refuse).
 // What the text leaves out keeps the value of `base`. The hooks (on_close,
-// on_connect, on_budget_warning) and the fleet plan are code's to set.
+// on_connect, on_budget_warning, on_leak) and the fleet plan are code's to set.
 //
 // Guarantees: as settings_config.hpp's, and the conninfo's value is never
 // quoted in a message (it may hold a password). Ranges are the pool's to
@@ -72,6 +72,8 @@ namespace detail {
                 base.validate_after_idle = duration();
             } else if (key == "deadline_slack") {
                 base.deadline_slack = duration();
+            } else if (key == "leak_threshold") {
+                base.leak_threshold = duration();
             } else if (key == "reset_session") {
                 base.reset_session = flag();
             } else if (key == "connection_affinity") {
@@ -91,8 +93,8 @@ namespace detail {
                 refuse_unknown_setting(key,
                                        "conninfo, application_name, max_size, min_idle, connection_timeout, "
                                        "validation_timeout, idle_timeout, max_lifetime, keepalive_time, "
-                                       "validate_after_idle, deadline_slack, reset_session, connection_affinity, "
-                                       "budget_check",
+                                       "validate_after_idle, deadline_slack, leak_threshold, reset_session, "
+                                       "connection_affinity, budget_check",
                                        place);
             }
         });

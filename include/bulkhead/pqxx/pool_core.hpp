@@ -17,10 +17,12 @@
 // section that changes that state holds one. Snapshots, stale at once.
 #pragma once
 
+#include <bulkhead/close_report.hpp>
 #include <bulkhead/detail/clock.hpp>
 #include <bulkhead/detail/detached_threads.hpp>
 #include <bulkhead/detail/wait_queue.hpp>
 #include <bulkhead/error.hpp>
+#include <bulkhead/health.hpp>
 #include <bulkhead/pool_stats.hpp>
 #include <bulkhead/pqxx/compat.hpp>
 #include <bulkhead/pqxx/conninfo.hpp>
@@ -42,6 +44,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -192,8 +195,9 @@ public:
     /// (keepalive_time, or min_idle to keep up); see housekeep().
     /// \throws std::system_error when no thread can be started.
     void start_housekeeping() {
-        if (m_options.keepalive_time.count() > 0 || m_options.min_idle > 0) {
+        if (m_options.keepalive_time.count() > 0 || m_options.min_idle > 0 || tracks_leases()) {
             m_due.reserve(m_options.max_size);  // once: a tick allocates nothing
+            m_leased.reserve(m_options.max_size);
             m_housekeeper = std::jthread([this](const std::stop_token& stop) { housekeep(stop); });
         }
     }
@@ -203,7 +207,8 @@ public:
     /// one, ends by min(deadline, now + connection_timeout), or at once when
     /// `stop` is requested.
     /// \throws pool_timeout; admission_cancelled on a stop request.
-    std::unique_ptr<pooled_connection> acquire(clock::time_point deadline, const std::stop_token& stop) {
+    std::unique_ptr<pooled_connection> acquire(clock::time_point deadline, const std::stop_token& stop,
+                                               const call_site& site) {
         const auto start = clock::now();
         const auto until = std::min(deadline, saturating_add(start, m_options.connection_timeout));
         bool rejoin_at_front = false;
@@ -225,6 +230,7 @@ public:
                     connection->discard = false;
                     connection->raw_access = false;
                     connection->last_borrower = std::this_thread::get_id();
+                    lend(*connection, site);
                     return connection;
                 }
                 // Dead or too old: close it; its slot is ours to open a
@@ -237,6 +243,7 @@ public:
             }
             if (std::unique_ptr<pooled_connection> opened = open(until, stop)) {
                 opened->last_borrower = std::this_thread::get_id();
+                lend(*opened, site);
                 return opened;
             }
             rejoin_at_front = true;  // take() ends it when the time is up or a stop came
@@ -246,6 +253,10 @@ public:
     /// Takes a connection back from a lease: keeps it (for the oldest waiter,
     /// or idle) or closes it.
     void give_back(std::unique_ptr<pooled_connection> connection) noexcept {
+        if (tracks_leases()) {
+            const std::lock_guard lock(m_mutex);
+            forget_lease_locked(*connection);
+        }
         const auto now = clock::now();
         if (const std::optional<close_reason> unusable = unusable_on_return(*connection, now)) {
             connection.reset();  // closed outside the mutex
@@ -278,18 +289,39 @@ public:
         retire_expired_locked(now, retired);
     }
 
+    /// pqxx_pool::close(): refuses every acquire from now on, those waiting
+    /// included (`closed`), stops the housekeeping, waits until every lease
+    /// is back or `deadline`, then shuts down. Leases still out stay valid.
+    close_report close(clock::time_point deadline) {
+        close_report report;
+        {
+            const state_lock lock(*this);
+            m_closing = true;
+            report.in_flight = busy_locked();
+            wake_oldest_locked();  // it leaves with `closed` and wakes the next
+        }
+        stop_housekeeping();
+        for (clock::time_point now = clock::now(); busy() > 0 && now < deadline; now = clock::now()) {
+            std::this_thread::sleep_for(std::min<clock::duration>(std::chrono::milliseconds(1), deadline - now));
+        }
+        report.still_running = busy();
+        shut_down();
+        return report;
+    }
+
     /// The pool object is gone: stop the housekeeping thread (a ping it is
     /// waiting for ends by validation_timeout), close the idle connections;
-    /// later returns close theirs.
+    /// later returns close theirs. A thread still waiting in acquire()
+    /// would wake into freed memory: the process ends, saying so.
     void shut_down() noexcept {
-        if (m_housekeeper.joinable()) {
-            m_housekeeper.request_stop();
-            m_housekeeper.join();
-        }
+        stop_housekeeping();
         std::vector<std::unique_ptr<pooled_connection>> idle;
         {
             const state_lock lock(*this);
-            assert(m_queue.empty() && "bulkhead::pqxx_pool destroyed while a thread waits in acquire()");
+            if (!m_queue.empty()) [[unlikely]] {
+                die_with_calls_inside("bulkhead::pqxx_pool (threads waiting in acquire())",
+                                      static_cast<int>(m_waiting));
+            }
             m_closed = true;
             idle.swap(m_idle);
             for (std::size_t i = 0; i < idle.size(); ++i) {
@@ -300,6 +332,31 @@ public:
             // what they capture may be gone with the pool.
             m_hooks_off.store(true, std::memory_order_release);
         }
+    }
+
+    /// pqxx_pool::health(). Under the mutex; sends nothing.
+    [[nodiscard]] pool_health health() const {
+        pool_health health;
+        const std::lock_guard lock(m_mutex);
+        if (m_idle.empty() && m_in_use == 0 && m_last_error_at > m_last_opened_at) {
+            health.can_connect = false;
+            health.last_error = m_last_error;
+        }
+        health.budget_excess = m_budget_excess;
+        return health;
+    }
+
+    /// The last connection budget read: `excess` is its explanation when the
+    /// fleet did not fit, empty when it did.
+    void note_budget(std::string excess) {
+        const std::lock_guard lock(m_mutex);
+        m_budget_excess = std::move(excess);
+    }
+
+    /// Leases out, connections being opened for a caller, and waiters.
+    [[nodiscard]] int busy() const {
+        const std::lock_guard lock(m_mutex);
+        return busy_locked();
     }
 
     // The gauges, lock-free: relaxed, since only publish_locked() writes them
@@ -335,6 +392,15 @@ private:
 
     /// Open or being opened: idle + in use + opening; at most max_size.
     [[nodiscard]] std::size_t size_locked() const noexcept { return m_idle.size() + m_in_use + m_opening; }
+
+    [[nodiscard]] int busy_locked() const noexcept { return static_cast<int>(m_in_use + m_opening + m_waiting); }
+
+    void stop_housekeeping() noexcept {
+        if (m_housekeeper.joinable()) {
+            m_housekeeper.request_stop();
+            m_housekeeper.join();
+        }
+    }
 
     /// Copies the state under the mutex to the gauges the observers read;
     /// the only writer of them (state_lock calls it).
@@ -445,10 +511,13 @@ private:
     /// own) or the back-off after a failed attempt holds. It never touches a
     /// connection in use: what it checks it takes out of the idle list first.
     void housekeep(const std::stop_token& stop) noexcept {
-        const clock::duration period =
-            m_options.keepalive_time.count() > 0
-                ? std::min<clock::duration>(m_options.keepalive_time / 4, std::chrono::seconds(1))
-                : std::chrono::seconds(1);
+        clock::duration period = std::chrono::seconds(1);
+        if (m_options.keepalive_time.count() > 0) {
+            period = std::min<clock::duration>(period, m_options.keepalive_time / 4);
+        }
+        if (tracks_leases()) {
+            period = std::min<clock::duration>(period, m_options.leak_threshold / 4);
+        }
         std::condition_variable_any tick;
         while (!stop.stop_requested()) {
             {
@@ -460,6 +529,62 @@ private:
             }
             check_idle(stop);
             keep_min_idle(stop);
+            report_leaks();
+        }
+    }
+
+    /// With a leak_threshold: records a lease about to be handed out.
+    void lend(pooled_connection& connection, const call_site& site) {
+        if (tracks_leases()) {
+            const std::lock_guard lock(m_mutex);
+            connection.leased_at = clock::now();
+            connection.leased_by = site;
+            connection.leak_reported = false;
+            m_leased.push_back(&connection);  // capacity max_size: no allocation
+        }
+    }
+
+    [[nodiscard]] bool tracks_leases() const noexcept { return m_options.leak_threshold.count() > 0; }
+
+    void forget_lease_locked(const pooled_connection& connection) noexcept {
+        const auto found = std::find(m_leased.begin(), m_leased.end(), &connection);
+        if (found != m_leased.end()) {
+            *found = m_leased.back();
+            m_leased.pop_back();
+        }
+    }
+
+    /// The housekeeping thread's leak check: each lease out longer than
+    /// leak_threshold is reported once, outside the mutex.
+    void report_leaks() noexcept {
+        if (!tracks_leases()) {
+            return;
+        }
+        try {
+            std::vector<lease_leak> found;
+            {
+                const std::lock_guard lock(m_mutex);
+                const auto now = clock::now();
+                for (pooled_connection* leased : m_leased) {
+                    if (!leased->leak_reported && now - leased->leased_at >= m_options.leak_threshold) {
+                        leased->leak_reported = true;
+                        found.push_back({std::chrono::duration_cast<std::chrono::milliseconds>(now - leased->leased_at),
+                                         leased->leased_by.describe(), leased->backend_pid});
+                    }
+                }
+            }
+            for (const lease_leak& leak : found) {
+                if (m_options.on_leak) {
+                    m_options.on_leak(leak);
+                } else {
+                    std::fprintf(stderr,
+                                 "bulkhead::pqxx_pool: a lease has been out for %lld ms (backend %d), taken at %s\n",
+                                 static_cast<long long>(leak.held.count()), leak.backend_pid, leak.where.c_str());
+                }
+            }
+        } catch (...) {
+            // No memory for a report, or a hook that threw: the next tick
+            // does not repeat what it marked; nothing else is at stake.
         }
     }
 
@@ -582,6 +707,9 @@ private:
         if (stop.stop_requested()) {
             throw admission_cancelled();
         }
+        if (m_closing) {
+            throw closed("bulkhead::pqxx_pool: closed");
+        }
         if (clock::now() >= until) {  // an attempt gave up at `until`: no new slot, no new attempt
             bump(m_acquire_timeouts);
             throw pool_timeout(timeout_message_locked(start, until));
@@ -610,6 +738,10 @@ private:
             if (stop.stop_requested()) {
                 leave_queue_locked(node);
                 throw admission_cancelled();
+            }
+            if (m_closing) {
+                leave_queue_locked(node);  // wakes the next, which leaves as well
+                throw closed("bulkhead::pqxx_pool: closed");
             }
             now = clock::now();
             const bool oldest = m_queue.front() == &node;
@@ -840,6 +972,7 @@ private:
         --m_opening;
         ++m_in_use;
         bump(m_opened);
+        m_last_opened_at = record.opened_at;
         m_backoff = clock::duration::zero();
         m_retry_at = clock::time_point::min();
     }
@@ -981,13 +1114,17 @@ private:
     std::atomic<bool> m_hooks_off{false};      // set by shut_down(): on_connect and on_close are no longer called
 
     mutable std::mutex m_mutex;
-    std::vector<std::unique_ptr<pooled_connection>> m_idle;        // guarded by m_mutex; most recently returned last
-    intrusive_fifo<pool_waiter> m_queue;                           // guarded by m_mutex
-    bool m_closed = false;                                         // guarded by m_mutex; the pool object is gone
-    clock::time_point m_retry_at = clock::time_point::min();       // guarded by m_mutex; no new attempt before
-    clock::duration m_backoff = clock::duration::zero();           // guarded by m_mutex; after the last failure
-    std::string m_last_error;                                      // guarded by m_mutex; scrubbed
-    clock::time_point m_last_error_at = clock::time_point::min();  // guarded by m_mutex
+    std::vector<std::unique_ptr<pooled_connection>> m_idle;         // guarded by m_mutex; most recently returned last
+    intrusive_fifo<pool_waiter> m_queue;                            // guarded by m_mutex
+    bool m_closed = false;                                          // guarded by m_mutex; the pool object is gone
+    bool m_closing = false;                                         // guarded by m_mutex; close() began
+    clock::time_point m_retry_at = clock::time_point::min();        // guarded by m_mutex; no new attempt before
+    clock::duration m_backoff = clock::duration::zero();            // guarded by m_mutex; after the last failure
+    std::string m_last_error;                                       // guarded by m_mutex; scrubbed
+    clock::time_point m_last_error_at = clock::time_point::min();   // guarded by m_mutex
+    clock::time_point m_last_opened_at = clock::time_point::min();  // guarded by m_mutex
+    std::string m_budget_excess;                                    // guarded by m_mutex; scrubbed
+    std::vector<pooled_connection*> m_leased;                       // guarded by m_mutex; with a leak_threshold
 
     std::size_t m_waiting = 0;  // guarded by m_mutex; nodes in m_queue (join_queue_locked, leave_queue_locked)
     std::size_t m_in_use = 0;   // guarded by m_mutex; in leases (or being checked on borrow)

@@ -7,6 +7,7 @@
 // while idle.
 #pragma once
 
+#include <bulkhead/call_site.hpp>
 #include <bulkhead/pqxx/protocol.hpp>
 #include <bulkhead/pqxx/watchdog.hpp>
 
@@ -59,6 +60,11 @@ struct pooled_connection {
     // The thread that borrowed it last: it gets this one back first while
     // it has been idle only briefly (pool_core::take_idle_locked).
     std::thread::id last_borrower;
+    // With a leak_threshold, written when it is lent (under the pool's
+    // mutex) and read by the housekeeping thread under it: when, and where.
+    std::chrono::steady_clock::time_point leased_at;
+    call_site leased_by;
+    bool leak_reported = false;  // under the pool's mutex
     std::string commit_statement;
     // The question for the transaction's id (xact_id_if_assigned), then
     // commit_statement: one simple query, for a read-write transaction none of

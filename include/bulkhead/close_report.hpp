@@ -1,0 +1,40 @@
+// bulkhead: what closing a gate or a pool saw (db_bulkhead::close(),
+// pqxx_pool::close()), and the end of a process that destroys either with
+// work still inside.
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+
+namespace bulkhead {
+
+/// What close() saw. For a gate the units are calls (each holds an
+/// admission slot, queued or running); for a pool, leases out and threads
+/// waiting for one.
+struct close_report {
+    int in_flight = 0;      ///< inside when close() began
+    int cancelled = 0;      ///< still inside at the deadline, and asked to stop (a pool stops nothing: 0)
+    int still_running = 0;  ///< still inside when close() returned
+
+    /// Those that ended on their own before the deadline.
+    [[nodiscard]] int finished() const noexcept { return std::max(in_flight - cancelled, 0); }
+
+    /// Nothing is inside any more: the gate or pool may be destroyed.
+    [[nodiscard]] bool drained() const noexcept { return still_running == 0; }
+};
+
+namespace detail {
+
+/// A gate or pool destroyed with work inside: that work would touch freed
+/// memory. Says so on stderr and ends the process, in every build.
+[[noreturn, gnu::cold]] inline void die_with_calls_inside(const char* what, int inside) noexcept {
+    std::fprintf(stderr,
+                 "%s destroyed with %d call(s) still inside; close() it and destroy it only once close() reports "
+                 "it drained\n",
+                 what, inside);
+    std::terminate();
+}
+
+}  // namespace detail
+}  // namespace bulkhead
