@@ -373,7 +373,8 @@ public:
 
     /// Drains the gate for a shutdown. From now on every call is refused
     /// with `closed` (a rejection: counted, and for a coroutine the error
-    /// code reject_reason::closed). The calls already inside, queued and
+    /// code reject_reason::closed), except one that finds every admission
+    /// slot taken, refused with admission_full as before. The calls already inside, queued and
     /// running, threads and coroutines, may finish until `deadline`; then
     /// whatever is left is stopped as the caller's own stop would stop it (a
     /// queued call is refused with `closed`; running work has its statement

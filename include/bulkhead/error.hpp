@@ -149,8 +149,8 @@ public:
 };
 
 /// The gate (or the pool) was closed (db_bulkhead::close(), pqxx_pool::close()):
-/// a call arriving after close() began, or still queued for a permit when
-/// its deadline came. A service that is shutting down answers it as
+/// a call arriving after close() began (that found an admission slot free),
+/// or still queued for a permit when its deadline came. A service that is shutting down answers it as
 /// unavailable (HTTP 503); another instance can serve the retry.
 class closed : public rejected {
 public:
