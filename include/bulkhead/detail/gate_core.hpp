@@ -104,10 +104,10 @@ public:
             m_token = gate.get_token();
             return;
         }
-        m_joined.emplace();
-        m_token = m_joined->get_token();
-        m_from_caller.emplace(caller, forward{&*m_joined});
-        m_from_gate.emplace(gate.get_token(), forward{&*m_joined});
+        m_joined = std::stop_source();
+        m_token = m_joined.get_token();
+        m_from_caller.emplace(caller, forward{&m_joined});
+        m_from_gate.emplace(gate.get_token(), forward{&m_joined});
     }
     joined_stop(const joined_stop&) = delete;
     joined_stop& operator=(const joined_stop&) = delete;
@@ -123,7 +123,10 @@ private:
         std::stop_source* target;
         void operator()() const noexcept { target->request_stop(); }
     };
-    std::optional<std::stop_source> m_joined;
+    // Not an optional: g++ 14 warns (maybe-uninitialized) in an empty
+    // optional<stop_source>'s emplace(). Without a stop state it allocates
+    // nothing.
+    std::stop_source m_joined{std::nostopstate};
     std::optional<std::stop_callback<forward>> m_from_caller;
     std::optional<std::stop_callback<forward>> m_from_gate;
     std::stop_token m_token;
