@@ -921,7 +921,7 @@ TEST_CASE(
     fake_pool pool;
     const bulkhead::workload_plan plan{{
         bulkhead::workload_class{.name = "interactive", .reserved = 1, .queue = 4},
-        bulkhead::workload_class{.name = "batch", .queue = 4, .queue_wait = 20ms, .priority = 5},
+        bulkhead::workload_class{.name = "batch", .queue = 4, .queue_wait = 1s, .priority = 5},
     }};
     gate_t gate(pool, {.concurrent = 2, .workloads = plan});
     const bulkhead::workload_id interactive = gate.workload("interactive");
@@ -934,7 +934,7 @@ TEST_CASE(
     gate.async_transaction({.queue_wait = 1s, .workload = batch}, batch_work.callback(), batch_first.handler());
     batch_work.entered.wait();
 
-    // A second batch coroutine queues, and gives up after the class's 20 ms
+    // A second batch coroutine queues, and gives up after the class's 1 s
     // (it asked for 30 s).
     outcome batch_timed_out;
     gate.async_transaction(
@@ -958,7 +958,7 @@ TEST_CASE(
     asio::cancellation_signal cancel;
     outcome cancelled;
     gate.async_transaction(
-        {.queue_wait = 1s, .workload = batch}, [&](fake_pool::work&) { return batch_order = ++order; },
+        {.queue_wait = 30s, .workload = batch}, [&](fake_pool::work&) { return batch_order = ++order; },
         batch_waiting.handler());
     bulkhead_test::await([&] { return gate.waiting() == 1; });
     outcome interactive_waiting;
