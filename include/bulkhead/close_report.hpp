@@ -4,8 +4,10 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <exception>
+#include <thread>
 
 namespace bulkhead {
 
@@ -25,6 +27,18 @@ struct close_report {
 };
 
 namespace detail {
+
+/// close()'s wait, for a gate and a pool alike: until `busy()` is zero or
+/// `until`, polled every millisecond (a shutdown can spare that; the calls
+/// pay nothing for it).
+template <class Busy>
+void wait_until_idle(std::chrono::steady_clock::time_point until, Busy busy) {
+    for (auto now = std::chrono::steady_clock::now(); busy() > 0 && now < until;
+         now = std::chrono::steady_clock::now()) {
+        std::this_thread::sleep_for(
+            std::min<std::chrono::steady_clock::duration>(std::chrono::milliseconds(1), until - now));
+    }
+}
 
 /// A gate or pool destroyed with work inside: that work would touch freed
 /// memory. Says so on stderr and ends the process, in every build.

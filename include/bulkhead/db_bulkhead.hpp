@@ -388,11 +388,12 @@ public:
         m_core.stop_admitting();
         close_report report;
         report.in_flight = m_core.in_flight();
-        wait_until_empty(deadline);
+        const auto inside = [this] { return m_core.in_flight(); };
+        detail::wait_until_idle(deadline, inside);
         report.cancelled = m_core.in_flight();
         if (report.cancelled > 0) {
             m_core.cancel_all();
-            wait_until_empty(detail::saturating_add(clock::now(), cancel_wait));
+            detail::wait_until_idle(detail::saturating_add(clock::now(), cancel_wait), inside);
         }
         report.still_running = m_core.in_flight();
         return report;
@@ -848,14 +849,6 @@ private:
             m_core.metrics().failed();  // the pool failed otherwise: still one counted outcome
             note_overload(class_of(call));
             throw;
-        }
-    }
-
-    /// close()'s wait: until the gate is empty or `until`, polled (a
-    /// shutdown can spare the millisecond; the hot path pays nothing for it).
-    void wait_until_empty(clock::time_point until) const {
-        for (clock::time_point now = clock::now(); m_core.in_flight() > 0 && now < until; now = clock::now()) {
-            std::this_thread::sleep_for(std::min<clock::duration>(std::chrono::milliseconds(1), until - now));
         }
     }
 

@@ -301,9 +301,7 @@ public:
             wake_oldest_locked();  // it leaves with `closed` and wakes the next
         }
         stop_housekeeping();
-        for (clock::time_point now = clock::now(); busy() > 0 && now < deadline; now = clock::now()) {
-            std::this_thread::sleep_for(std::min<clock::duration>(std::chrono::milliseconds(1), deadline - now));
-        }
+        wait_until_idle(deadline, [this] { return busy(); });
         report.still_running = busy();
         shut_down();
         return report;
