@@ -12,8 +12,11 @@
 namespace bulkhead {
 
 /// What close() saw. For a gate the units are calls (each holds an
-/// admission slot, queued or running); for a pool, leases out and threads
-/// waiting for one.
+/// admission slot, queued or running; so does, for an instant, a call
+/// being refused because the gate is closed); for a pool, leases out and
+/// threads waiting for one. A gate counts in_flight before it closes, and
+/// also counts there a call admitted in that instant if it is still
+/// inside at the deadline.
 struct close_report {
     int in_flight = 0;      ///< inside when close() began
     int cancelled = 0;      ///< still inside at the deadline, and asked to stop (a pool stops nothing: 0)
@@ -30,11 +33,15 @@ namespace detail {
 
 /// close()'s wait, for a gate and a pool alike: until `busy()` is zero or
 /// `until`, polled every millisecond (a shutdown can spare that; the calls
-/// pay nothing for it).
+/// pay nothing for it). Returns the last count seen, so that a report
+/// says what the wait itself saw.
 template <class Busy>
-void wait_until_idle(std::chrono::steady_clock::time_point until, Busy busy) {
-    for (auto now = std::chrono::steady_clock::now(); busy() > 0 && now < until;
-         now = std::chrono::steady_clock::now()) {
+int wait_until_idle(std::chrono::steady_clock::time_point until, Busy busy) {
+    for (auto now = std::chrono::steady_clock::now();; now = std::chrono::steady_clock::now()) {
+        const int left = busy();
+        if (left == 0 || now >= until) {
+            return left;
+        }
         std::this_thread::sleep_for(
             std::min<std::chrono::steady_clock::duration>(std::chrono::milliseconds(1), until - now));
     }

@@ -385,17 +385,21 @@ public:
     /// count as calls inside but have no stop to hear. The pool is not
     /// closed: close it after the gate (pqxx_pool::close()).
     close_report close(clock::time_point deadline, std::chrono::milliseconds cancel_wait = std::chrono::seconds(5)) {
-        m_core.stop_admitting();
+        // Counted before the gate closes: once it is closed, a call being
+        // refused holds a slot for an instant (gate_core::take_slot()) and
+        // would be counted as inside. One admitted in between is waited
+        // for, and counted once it is still there at the deadline.
         close_report report;
         report.in_flight = m_core.in_flight();
+        m_core.stop_admitting();
         const auto inside = [this] { return m_core.in_flight(); };
-        detail::wait_until_idle(deadline, inside);
-        report.cancelled = m_core.in_flight();
+        report.cancelled = detail::wait_until_idle(deadline, inside);
+        report.still_running = report.cancelled;
         if (report.cancelled > 0) {
             m_core.cancel_all();
-            detail::wait_until_idle(detail::saturating_add(clock::now(), cancel_wait), inside);
+            report.still_running = detail::wait_until_idle(detail::saturating_add(clock::now(), cancel_wait), inside);
         }
-        report.still_running = m_core.in_flight();
+        report.in_flight = std::max(report.in_flight, report.cancelled);
         return report;
     }
 

@@ -301,8 +301,7 @@ public:
             wake_oldest_locked();  // it leaves with `closed` and wakes the next
         }
         stop_housekeeping();
-        wait_until_idle(deadline, [this] { return busy(); });
-        report.still_running = busy();
+        report.still_running = wait_until_idle(deadline, [this] { return busy(); });
         shut_down();
         return report;
     }
