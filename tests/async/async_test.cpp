@@ -11,18 +11,6 @@
 #include "gate_blocker.hpp"
 #include "test_util.hpp"
 
-#include <bulkhead/asio.hpp>
-
-#include <asio/bind_allocator.hpp>
-#include <asio/bind_cancellation_slot.hpp>
-#include <asio/bind_executor.hpp>
-#include <asio/cancellation_signal.hpp>
-#include <asio/detached.hpp>
-#include <asio/post.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/strand.hpp>
-#include <asio/use_future.hpp>
-
 #include "catch.hpp"
 
 #include <atomic>
@@ -38,6 +26,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -554,6 +543,36 @@ TEST_CASE("[F6] a waiting coroutine holds no thread, and the callback never runs
     CHECK(gate.available_slots() == concurrent + waiters);
 }
 
+TEST_CASE("[K8] a completion's error code is its Asio's own type, holding the bulkhead reason", "[unit][async]") {
+    // Built twice (tests/async/CMakeLists.txt): over standalone Asio the
+    // type is std::error_code; over Boost.Asio boost::system::error_code,
+    // the type Boost's use_awaitable and use_future throw with.
+    using asio_error_code = std::remove_cvref_t<decltype(std::declval<bulkhead_test::asio_system_error>().code())>;
+    fake_pool pool;
+    gate_t gate(pool, 1, 0);
+    bulkhead_test::blocker<gate_t> busy(gate);  // the one slot is taken
+    auto work = [](fake_pool::work&) { return 1; };
+
+    std::promise<asio_error_code> seen;
+    gate.async_transaction({}, work, [&](auto ec, int) {
+        static_assert(std::is_same_v<decltype(ec), asio_error_code>);
+        seen.set_value(ec);
+    });
+    const asio_error_code code = seen.get_future().get();
+    CHECK(code == reject_reason::admission_full);
+    CHECK(bulkhead::is_rejection(code));
+    CHECK(bulkhead::rejection_of(code) == reject_reason::admission_full);
+
+    auto future = gate.async_transaction({}, work, asio::use_future);
+    try {
+        (void)future.get();
+        FAIL("use_future threw nothing");
+    } catch (const bulkhead_test::asio_system_error& error) {
+        CHECK(error.code() == reject_reason::admission_full);
+        CHECK_THAT(std::string(error.what()), Catch::Matchers::ContainsSubstring("admission_full"));
+    }
+}
+
 TEST_CASE("[F7] rejections complete with a bulkhead error code, and the throwing form raises a system_error naming it",
           "[unit][async]") {
     fake_pool pool;
@@ -573,7 +592,7 @@ TEST_CASE("[F7] rejections complete with a bulkhead error code, and the throwing
         CHECK(bulkhead::rejection_of(out.code) == reject_reason::admission_full);
         CHECK(out.value == 0);  // T{} with an error
     }
-    SECTION("use_awaitable throws std::system_error; as_tuple does not") {
+    SECTION("use_awaitable throws a system_error; as_tuple does not") {
         auto thrown = asio::co_spawn(
             io.executor(),
             [&]() -> asio::awaitable<std::string> {
@@ -583,7 +602,7 @@ TEST_CASE("[F7] rejections complete with a bulkhead error code, and the throwing
                 }
                 try {
                     co_await gate.async_transaction({}, work, asio::use_awaitable);
-                } catch (const std::system_error& error) {
+                } catch (const bulkhead_test::asio_system_error& error) {
                     if (error.code() != reject_reason::admission_full) {
                         co_return "wrong code";
                     }

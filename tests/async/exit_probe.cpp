@@ -7,14 +7,9 @@
 // allocator, which counts them; an exit handler registered before the timer
 // thread existed (so it runs after that thread's teardown) prints how many
 // are still allocated. Prints "operations alive at exit: 0" when none leaked.
-#include <bulkhead/asio.hpp>
-
+#include "asio_support.hpp"
 #include "fake_pool.hpp"
 #include "gate_blocker.hpp"
-
-#include <asio/cancellation_signal.hpp>
-#include <asio/io_context.hpp>
-#include <asio/post.hpp>
 
 #include <atomic>
 #include <chrono>

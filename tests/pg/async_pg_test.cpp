@@ -10,14 +10,6 @@
 #if BULKHEAD_HAVE_ASIO
 #include "asio_support.hpp"
 
-#include <bulkhead/asio.hpp>
-
-#include <asio/bind_cancellation_slot.hpp>
-#include <asio/bind_executor.hpp>
-#include <asio/cancellation_signal.hpp>
-#include <asio/detached.hpp>
-#include <asio/post.hpp>
-#include <asio/use_future.hpp>
 #endif
 
 #include "catch.hpp"

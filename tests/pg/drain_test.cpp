@@ -15,10 +15,6 @@
 
 #if BULKHEAD_HAVE_ASIO
 #include "asio_support.hpp"
-
-#include <bulkhead/asio.hpp>
-
-#include <asio/use_future.hpp>
 #endif
 
 #include "catch.hpp"

@@ -1,12 +1,52 @@
-// Helpers for the coroutine-caller tests: an io_context on a thread of its
-// own, and the Asio names that moved between 1.22 (Debian 12) and 1.30
-// (Debian 13).
+// Helpers for the coroutine-caller tests: the Asio they run against, an
+// io_context on a thread of its own, and the Asio names that moved between
+// versions.
+//
+// The tests are written against `asio::`. Built with
+// BULKHEAD_TEST_BOOST_ASIO (tests/async/CMakeLists.txt), the same sources
+// run against Boost.Asio and bulkhead/boost_asio.hpp: `asio` is then an
+// alias of boost::asio (this translation unit has no standalone Asio).
 #pragma once
 
+#ifdef BULKHEAD_TEST_BOOST_ASIO
+#include <bulkhead/boost_asio.hpp>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_allocator.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/deferred.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+#include <boost/system/system_error.hpp>
+
+namespace asio = boost::asio;
+#else
+#include <bulkhead/asio.hpp>
+
+#include <asio/bind_allocator.hpp>
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/bind_executor.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <asio/executor_work_guard.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
 #include <asio/io_context.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/strand.hpp>
 #include <asio/use_awaitable.hpp>
+#include <asio/use_future.hpp>
 #include <asio/version.hpp>
 
 #if ASIO_VERSION >= 102400
@@ -16,19 +56,29 @@
 #include <asio/experimental/as_tuple.hpp>
 #include <asio/experimental/deferred.hpp>
 #endif
-#include <asio/experimental/awaitable_operators.hpp>
+#endif
 
 #include <optional>
+#include <system_error>
 #include <thread>
 
 namespace bulkhead_test {
 
+#if defined(BULKHEAD_TEST_BOOST_ASIO)
+using asio::as_tuple;
+inline constexpr auto deferred = asio::deferred;
+/// What use_awaitable and use_future throw for an error.
+using asio_system_error = boost::system::system_error;
+#else
 #if ASIO_VERSION >= 102400
 using asio::as_tuple;
 inline constexpr auto deferred = asio::deferred;
 #else
 using asio::experimental::as_tuple;
 inline constexpr auto deferred = asio::experimental::deferred;
+#endif
+/// What use_awaitable and use_future throw for an error.
+using asio_system_error = std::system_error;
 #endif
 
 /// An io_context run by one thread of its own until destroyed.
