@@ -1,10 +1,6 @@
 // bulkhead: the figures of coroutine callers (issue 14, docs/performance.md
 // "Coroutine callers"), each next to a baseline measured in the same run:
 //
-//   memory     RSS growth per waiting caller: N coroutines queued on one gate
-//              held by one event-loop thread, against N coroutines parked on
-//              a plain Asio timer (what Asio itself costs per waiter) and
-//              against blocked threads (measured on T threads, extrapolated);
 //   rejection  time and operator-new calls per rejection (admission full)
 //              with a callback token and with as_tuple(use_awaitable),
 //              against a bare asio::post of the same handler and a bare
@@ -17,28 +13,15 @@
 //              blocked between the release and the waiter's completion (the
 //              measuring thread spins meanwhile, so it adds none).
 //
-//   bulkhead_async_bench [--waiters N] [--threads T] [--rejections K] [--handoffs M]
+//   bulkhead_async_bench [--rejections K] [--handoffs M]
 //
-// A null pool (bench/micro/bench_support.hpp) stands in for the database:
+// Memory per waiting caller is bench/async/waiter_memory.cpp's: each kind
+// in a process of its own.
+//
+// A null pool (bench/micro/null_pool.hpp) stands in for the database:
 // what is measured is the gate. Prints Markdown.
+#include "asio_support.hpp"  // tests/support: standalone Asio, as the tests use it
 #include "bench_support.hpp"
-
-#include <bulkhead/asio.hpp>
-
-#include <asio/bind_executor.hpp>
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
-#include <asio/io_context.hpp>
-#include <asio/post.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/use_awaitable.hpp>
-#include <asio/use_future.hpp>
-#include <asio/version.hpp>
-#if ASIO_VERSION >= 102400
-#include <asio/as_tuple.hpp>
-#else
-#include <asio/experimental/as_tuple.hpp>
-#endif
 
 #include <algorithm>
 #include <atomic>
@@ -46,7 +29,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <future>
 #include <latch>
 #include <optional>
@@ -55,28 +37,14 @@
 #include <vector>
 
 #include <sys/resource.h>
-#include <unistd.h>
 
 namespace {
 
-#if ASIO_VERSION >= 102400
-using asio::as_tuple;
-#else
-using asio::experimental::as_tuple;
-#endif
+using bulkhead_test::as_tuple;
 
 using bulkhead_bench::null_pool;
 using gate_t = bulkhead::db_bulkhead<null_pool>;
 using clock_type = std::chrono::steady_clock;
-
-/// Resident set size of this process, in bytes (/proc/self/statm).
-long resident_bytes() {
-    std::ifstream statm("/proc/self/statm");
-    long pages = 0;
-    long resident = 0;
-    statm >> pages >> resident;
-    return resident * sysconf(_SC_PAGESIZE);
-}
 
 long voluntary_switches() {
     rusage usage{};
@@ -114,100 +82,6 @@ double percentile(std::vector<double> values, double p) {
     std::sort(values.begin(), values.end());
     const auto index = static_cast<std::size_t>(p * static_cast<double>(values.size() - 1));
     return values[index];
-}
-
-// --- memory ------------------------------------------------------------------
-
-void memory(int waiters, int threads) {
-    std::printf("## Memory per waiting caller\n\n");
-    std::printf("| waiters | kind | RSS growth | per waiter | ratio to the timer baseline |\n|---|---|---|---|---|\n");
-    null_pool pool;
-    double timer_per_waiter = 0;
-    {
-        // Baseline: coroutines parked on an Asio timer each, one event-loop thread.
-        asio::io_context io(1);
-        asio::steady_timer gate_closed(io, clock_type::time_point::max());
-        const long before = resident_bytes();
-        std::atomic<int> parked{0};
-        for (int i = 0; i < waiters; ++i) {
-            asio::co_spawn(
-                io,
-                [&]() -> asio::awaitable<void> {
-                    asio::steady_timer timer(co_await asio::this_coro::executor, std::chrono::hours(1));
-                    ++parked;
-                    co_await timer.async_wait(as_tuple(asio::use_awaitable));
-                },
-                asio::detached);
-        }
-        while (parked < waiters) {
-            io.run_one();
-        }
-        const long grown = resident_bytes() - before;
-        timer_per_waiter = static_cast<double>(grown) / waiters;
-        std::printf("| %d | coroutine on an asio::steady_timer (baseline) | %.1f MiB | %.0f B | 1.00 |\n", waiters,
-                    static_cast<double>(grown) / 1048576.0, timer_per_waiter);
-        io.stop();
-    }
-    {
-        gate_t gate(pool, 1, waiters);
-        std::atomic<bool> release{false};
-        auto holder = std::thread(
-            [&] { gate.transaction(std::chrono::nanoseconds(0), [&](null_pool::work&) { spin_until(release); }); });
-        wait_for([&] { return gate.available() == 0; });
-        asio::io_context io(1);
-        // The first asynchronous call starts the work threads: not per waiter.
-        gate.async_transaction(
-            {}, [](null_pool::work&) {}, [](std::error_code) {});
-        const long before = resident_bytes();
-        std::atomic<int> done{0};
-        for (int i = 0; i < waiters; ++i) {
-            asio::co_spawn(
-                io,
-                [&]() -> asio::awaitable<void> {
-                    auto [ec] = co_await gate.async_transaction(
-                        {.queue_wait = std::chrono::hours(1)}, [](null_pool::work&) {}, as_tuple(asio::use_awaitable));
-                    (void)ec;
-                    ++done;
-                },
-                asio::detached);
-        }
-        while (gate.waiting() < waiters) {
-            io.run_one();
-        }
-        const long grown = resident_bytes() - before;
-        const double per = static_cast<double>(grown) / waiters;
-        std::printf("| %d | coroutine queued in the gate | %.1f MiB | %.0f B | %.2f |\n", waiters,
-                    static_cast<double>(grown) / 1048576.0, per, per / timer_per_waiter);
-        release = true;
-        holder.join();
-        while (done < waiters) {
-            io.run_one();
-        }
-    }
-    {
-        gate_t gate(pool, 1, threads);
-        std::atomic<bool> release{false};
-        auto holder = std::thread(
-            [&] { gate.transaction(std::chrono::nanoseconds(0), [&](null_pool::work&) { spin_until(release); }); });
-        wait_for([&] { return gate.available() == 0; });
-        const long before = resident_bytes();
-        std::vector<std::thread> blocked;
-        blocked.reserve(static_cast<std::size_t>(threads));
-        for (int i = 0; i < threads; ++i) {
-            blocked.emplace_back([&] { gate.transaction(std::chrono::hours(1), [](null_pool::work&) {}); });
-        }
-        wait_for([&] { return gate.waiting() == threads; });
-        const long grown = resident_bytes() - before;
-        const double per = static_cast<double>(grown) / threads;
-        std::printf("| %d | blocked thread (default stack) | %.1f MiB | %.0f B | %.2f |\n", threads,
-                    static_cast<double>(grown) / 1048576.0, per, per / timer_per_waiter);
-        std::printf("| %d (extrapolated) | blocked thread | %.0f MiB | | |\n\n", waiters, per * waiters / 1048576.0);
-        release = true;
-        holder.join();
-        for (std::thread& thread : blocked) {
-            thread.join();
-        }
-    }
 }
 
 // --- rejection ---------------------------------------------------------------
@@ -418,14 +292,11 @@ int argument(int argc, char** argv, const char* name, int fallback) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    const int waiters = argument(argc, argv, "--waiters", 100000);
-    const int threads = argument(argc, argv, "--threads", 2000);
     const int rejections = argument(argc, argv, "--rejections", 200000);
     const int handoff_count = argument(argc, argv, "--handoffs", 2000);
-    std::printf("# bulkhead coroutine callers: %d waiters, %d threads, %d rejections, %d handoffs; Asio %d\n\n",
-                waiters, threads, rejections, handoff_count, ASIO_VERSION);
+    std::printf("# bulkhead coroutine callers: %d rejections, %d handoffs; Asio %d\n\n", rejections, handoff_count,
+                ASIO_VERSION);
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
-    memory(waiters, threads);
     rejection(rejections);
     handoff(handoff_count);
     return 0;

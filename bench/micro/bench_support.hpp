@@ -24,6 +24,8 @@
 // counters are always there. `strace -f -c` is the manual fallback.
 #pragma once
 
+#include "null_pool.hpp"
+
 #include <bulkhead/db_bulkhead.hpp>
 
 #include <benchmark/benchmark.h>
@@ -651,42 +653,6 @@ private:
     std::int64_t m_permits;          // guarded by m_mutex
     std::int64_t m_waiting = 0;      // guarded by m_mutex
 };
-
-/// A pool that does nothing: leases, transactions, commits and rollbacks are
-/// empty. What remains of gate.transaction() over it is the gate's own cost.
-class null_pool {
-public:
-    /// What the callback receives.
-    struct work {};
-
-    class lease {
-    public:
-        lease() = default;
-        lease(lease&&) noexcept = default;
-        lease(const lease&) = delete;
-        lease& operator=(const lease&) = delete;
-        lease& operator=(lease&&) = delete;
-        ~lease() = default;
-    };
-
-    class transaction {
-    public:
-        work& operator*() noexcept { return m_work; }
-
-    private:
-        work m_work;
-    };
-
-    struct transaction_options {};
-
-    lease acquire(std::chrono::steady_clock::time_point /*deadline*/) { return lease{}; }
-    transaction begin(lease& /*held*/, const transaction_options& /*options*/) { return transaction{}; }
-    void commit(lease& /*held*/, transaction& /*tx*/) {}
-    void rollback(lease& /*held*/, transaction& /*tx*/) {}
-    void discard(lease& /*held*/) noexcept {}
-};
-
-static_assert(bulkhead::transactional_pool<null_pool>);
 
 /// A gate (B = 1, Q = 0) over a null_pool whose one permit is held by a
 /// thread of its own (a permit is released on the thread that entered), so

@@ -144,7 +144,11 @@ public:
 private:
     [[nodiscard]] gate_core& core() noexcept { return async_access::core(m_gate); }
 
-    using queue_timer = net::steady_timer;
+    // On the timer loop's own executor type: neither the timer nor its
+    // wait carries a type-erased executor (48 bytes less for each).
+    using queue_timer =
+        net::basic_waitable_timer<std::chrono::steady_clock, net::wait_traits<std::chrono::steady_clock>,
+                                  net::io_context::executor_type>;
     using operation_allocator =
         typename std::allocator_traits<allocator_type>::template rebind_alloc<transaction_operation>;
 
@@ -153,21 +157,15 @@ private:
         transaction_operation* self;
         void operator()(net::cancellation_type_t type) const noexcept {
             if (type != net::cancellation_type::none) {
-                self->m_stop.request_stop();
+                self->stop();
             }
         }
     };
 
-    /// A stop request while queued: leave the queue, if no grant came first.
-    struct leave_on_stop {
-        transaction_operation* self;
-        void operator()() const noexcept { self->leave_queue(wait_status::cancelled); }
-    };
-
-    /// A stop of the caller's token stops the operation's own stop source.
+    /// A stop of the caller's token, or the gate's close(), stops the call.
     struct forward_stop {
-        std::stop_source* target;
-        void operator()() const noexcept { target->request_stop(); }
+        transaction_operation* self;
+        void operator()() const noexcept { self->stop(); }
     };
 
     /// The completion, posted to the handler's executor; owns the operation.
@@ -201,15 +199,14 @@ private:
           m_failure_out(failure),
           m_handler(std::move(handler)),
           m_allocator(net::get_associated_allocator(m_handler)),
-          m_executor(net::get_associated_executor(m_handler)),
-          m_work_guard(m_executor),
+          m_work_guard(net::get_associated_executor(m_handler)),
           m_times(times),
           m_limit(limit) {
         m_call.stop = m_stop.get_token();  // the work sees every kind of stop through this one
         if (call.stop.stop_possible()) {
-            m_forward_stop.emplace(call.stop, forward_stop{&m_stop});
+            m_forward_stop.emplace(call.stop, forward_stop{this});
         }
-        m_forward_close.emplace(core().cancellation().get_token(), forward_stop{&m_stop});
+        m_forward_close.emplace(core().cancellation().get_token(), forward_stop{this});
         auto slot = net::get_associated_cancellation_slot(m_handler);
         if (slot.is_connected()) {
             slot.template emplace<cancel_on_signal>(cancel_on_signal{this});
@@ -258,13 +255,13 @@ private:
         }
     }
 
-    /// On the calling thread: the permit now, or the queue. The stop
-    /// callback and the timer are set up before the node is linked; once it
-    /// is, a release may grant it and a work thread run and complete the
-    /// call at any moment. The initiating thread keeps a reference until it
-    /// is done here, so that it can still look once more: a stop or an
-    /// expiry that came before the node was linked found nothing to take
-    /// out of the queue, and is acted on now.
+    /// On the calling thread: the permit now, or the queue. The timer is
+    /// set up before the node is linked; once it is, a release may grant
+    /// it and a work thread run and complete the call at any moment. The
+    /// initiating thread keeps a reference until it is done here, so that
+    /// it can still look once more: a stop or an expiry that came before
+    /// the node was linked found nothing to take out of the queue (see
+    /// stop()), and is acted on now.
     /// \note noexcept: a failure to allocate the timer's wait here (after
     /// the slot was taken and the handler moved in) terminates.
     void enter_queue() noexcept {
@@ -299,7 +296,6 @@ private:
                 std::terminate();
             }
         }
-        m_leave_on_stop.emplace(m_stop.get_token(), leave_on_stop{this});
         if (core().acquire_or_enqueue(m_limit, *this)) {
             m_times.permitted = Gate::clock::now();
             schedule_work();
@@ -351,6 +347,16 @@ private:
 
     void schedule_work() noexcept { core().workers().push(*this); }
 
+    /// Every stop (Asio cancellation, the caller's token, the gate's
+    /// close()): the work sees it through m_stop's token; a call still
+    /// queued leaves the queue. Before the node is linked and after it is
+    /// granted, leave_queue() finds nothing to take out: enter_queue()
+    /// looks at m_stop once more after linking it.
+    void stop() noexcept {
+        m_stop.request_stop();
+        leave_queue(wait_status::cancelled);
+    }
+
     /// A timeout or a stop while queued: if the node is still queued, the
     /// call ends here without a permit; otherwise a grant is on its way.
     void leave_queue(wait_status why) noexcept {
@@ -394,12 +400,13 @@ private:
         try {
             if constexpr (net::execution::is_executor<executor_type>::value) {
                 // copied: the operation may be gone once posted
-                const auto executor = net::prefer(m_executor, net::execution::outstanding_work.tracked);
+                const auto executor =
+                    net::prefer(m_work_guard.get_executor(), net::execution::outstanding_work.tracked);
                 net::post(executor, completion(this));
             } else {
                 // A legacy executor (io_context::strand and the like): its
                 // copies own nothing that dies with the context.
-                const executor_type executor = m_executor;
+                const executor_type executor = m_work_guard.get_executor();
                 const net::executor_work_guard<executor_type> keep_running(executor);
                 net::post(executor, completion(this));
             }
@@ -418,10 +425,9 @@ private:
     }
 
     void run_work() noexcept {
-        // No queue wait is left to end: the stop callback (waiting for one
-        // running elsewhere, which finds the node gone from the queue) and the
-        // timer go now.
-        m_leave_on_stop.reset();
+        // No queue wait is left to end: the timer goes now. A stop from here
+        // on finds the node gone from the queue and reaches the work
+        // through m_stop's token.
         cancel_timer();
         core().record_permit_wait(m_limit, m_times.permitted - m_times.admitted);
         bool started = false;
@@ -482,17 +488,15 @@ private:
     Work m_work;
     std::exception_ptr* m_failure_out;
     Handler m_handler;
-    allocator_type m_allocator;
-    executor_type m_executor;
-    net::executor_work_guard<executor_type> m_work_guard;
+    [[no_unique_address]] allocator_type m_allocator;
+    net::executor_work_guard<executor_type> m_work_guard;  // the handler's executor, kept running
     times_type m_times;  // `permitted` written by whoever grants, before the job is queued
     limit_type m_limit;
     std::stop_source m_stop;  // Asio cancellation, the caller's stop and nothing else stop this
     std::optional<std::stop_callback<forward_stop>> m_forward_stop;
-    std::optional<std::stop_callback<forward_stop>> m_forward_close;   // the gate's close() stops the call too
-    std::optional<std::stop_callback<leave_on_stop>> m_leave_on_stop;  // while queued
-    std::optional<queue_timer> m_timer;                                // while queued with a finite wait
-    typename Gate::clock::time_point m_wait_until{};                   // the timer's expiry, when there is one
+    std::optional<std::stop_callback<forward_stop>> m_forward_close;  // the gate's close() stops the call too
+    std::optional<queue_timer> m_timer;                               // while queued with a finite wait
+    typename Gate::clock::time_point m_wait_until{};                  // the timer's expiry, when there is one
     std::atomic<int> m_references{1};  // the call; the timer's handler; the initiating thread, briefly
     std::error_code m_code;            // the outcome, set before completion
     std::exception_ptr m_failure;
