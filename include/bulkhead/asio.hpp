@@ -64,7 +64,7 @@
 // newer; target bulkhead::boost_asio). A program uses one of them: the two
 // cannot both be included in one translation unit (an #error says so), and
 // translation units of one program must not mix them (both define
-// db_bulkhead::async_transaction()).
+// detail::async_frontend, which db_bulkhead::async_transaction() calls).
 //
 // Lifetime. The gate, its pool and the execution context of the handler's
 // executor must outlive every call in progress (the operation keeps that

@@ -157,15 +157,23 @@ private:
         transaction_operation* self;
         void operator()(net::cancellation_type_t type) const noexcept {
             if (type != net::cancellation_type::none) {
-                self->stop();
+                self->m_stop.request_stop();
             }
         }
     };
 
-    /// A stop of the caller's token, or the gate's close(), stops the call.
-    struct forward_stop {
+    /// A stop request while queued: leave the queue, if no grant came first.
+    struct leave_on_stop {
         transaction_operation* self;
-        void operator()() const noexcept { self->stop(); }
+        void operator()() const noexcept { self->leave_queue(wait_status::cancelled); }
+    };
+
+    /// A stop of the caller's token, or the gate's close(), stops the
+    /// operation's own stop source. Only that: once the call is no longer
+    /// queued, a stop must not reach the gate, which may be gone.
+    struct forward_stop {
+        std::stop_source* target;
+        void operator()() const noexcept { target->request_stop(); }
     };
 
     /// The completion, posted to the handler's executor; owns the operation.
@@ -204,9 +212,9 @@ private:
           m_limit(limit) {
         m_call.stop = m_stop.get_token();  // the work sees every kind of stop through this one
         if (call.stop.stop_possible()) {
-            m_forward_stop.emplace(call.stop, forward_stop{this});
+            m_forward_stop.emplace(call.stop, forward_stop{&m_stop});
         }
-        m_forward_close.emplace(core().cancellation().get_token(), forward_stop{this});
+        m_forward_close.emplace(core().cancellation().get_token(), forward_stop{&m_stop});
         auto slot = net::get_associated_cancellation_slot(m_handler);
         if (slot.is_connected()) {
             slot.template emplace<cancel_on_signal>(cancel_on_signal{this});
@@ -255,13 +263,13 @@ private:
         }
     }
 
-    /// On the calling thread: the permit now, or the queue. The timer is
-    /// set up before the node is linked; once it is, a release may grant
-    /// it and a work thread run and complete the call at any moment. The
-    /// initiating thread keeps a reference until it is done here, so that
-    /// it can still look once more: a stop or an expiry that came before
-    /// the node was linked found nothing to take out of the queue (see
-    /// stop()), and is acted on now.
+    /// On the calling thread: the permit now, or the queue. The stop
+    /// callback and the timer are set up before the node is linked; once it
+    /// is, a release may grant it and a work thread run and complete the
+    /// call at any moment. The initiating thread keeps a reference until it
+    /// is done here, so that it can still look once more: a stop or an
+    /// expiry that came before the node was linked found nothing to take
+    /// out of the queue, and is acted on now.
     /// \note noexcept: a failure to allocate the timer's wait here (after
     /// the slot was taken and the handler moved in) terminates.
     void enter_queue() noexcept {
@@ -296,6 +304,7 @@ private:
                 std::terminate();
             }
         }
+        m_leave_on_stop.emplace(m_stop.get_token(), leave_on_stop{this});
         if (core().acquire_or_enqueue(m_limit, *this)) {
             m_times.permitted = Gate::clock::now();
             schedule_work();
@@ -347,16 +356,6 @@ private:
 
     void schedule_work() noexcept { core().workers().push(*this); }
 
-    /// Every stop (Asio cancellation, the caller's token, the gate's
-    /// close()): the work sees it through m_stop's token; a call still
-    /// queued leaves the queue. Before the node is linked and after it is
-    /// granted, leave_queue() finds nothing to take out: enter_queue()
-    /// looks at m_stop once more after linking it.
-    void stop() noexcept {
-        m_stop.request_stop();
-        leave_queue(wait_status::cancelled);
-    }
-
     /// A timeout or a stop while queued: if the node is still queued, the
     /// call ends here without a permit; otherwise a grant is on its way.
     void leave_queue(wait_status why) noexcept {
@@ -368,6 +367,12 @@ private:
     /// Ends a call that got no permit: the slot goes back, the reason is
     /// counted, the completion is posted.
     void finish_waiting(wait_status why) noexcept {
+        // The stop callback goes first: once the slot is back, close() may
+        // report the gate drained and the gate be destroyed, and a later
+        // stop must not reach it. Destroyed from inside itself (a stop
+        // that ended the wait) it does not wait; from elsewhere it waits
+        // for a run in progress, which finds the node gone.
+        m_leave_on_stop.reset();
         cancel_timer();
         m_times.permitted = Gate::clock::now();
         core().record_permit_wait(m_limit, m_times.permitted - m_times.admitted);
@@ -425,9 +430,10 @@ private:
     }
 
     void run_work() noexcept {
-        // No queue wait is left to end: the timer goes now. A stop from here
-        // on finds the node gone from the queue and reaches the work
-        // through m_stop's token.
+        // No queue wait is left to end: the stop callback (waiting for one
+        // running elsewhere, which finds the node gone from the queue) and the
+        // timer go now.
+        m_leave_on_stop.reset();
         cancel_timer();
         core().record_permit_wait(m_limit, m_times.permitted - m_times.admitted);
         bool started = false;
@@ -471,7 +477,10 @@ private:
             *m_failure_out = std::move(m_failure);
         }
         Handler handler(std::move(m_handler));
-        const error_code code(m_code);
+        // A default error_code for success: Boost's, built from a
+        // std::error_code, would hold it wrapped and not compare equal to
+        // error_code{}.
+        const error_code code = m_code ? error_code(m_code) : error_code();
         auto work_guard = std::move(m_work_guard);  // keeps the context running until the handler has run
         if constexpr (std::is_void_v<value_type>) {
             drop_reference();
@@ -494,9 +503,10 @@ private:
     limit_type m_limit;
     std::stop_source m_stop;  // Asio cancellation, the caller's stop and nothing else stop this
     std::optional<std::stop_callback<forward_stop>> m_forward_stop;
-    std::optional<std::stop_callback<forward_stop>> m_forward_close;  // the gate's close() stops the call too
-    std::optional<queue_timer> m_timer;                               // while queued with a finite wait
-    typename Gate::clock::time_point m_wait_until{};                  // the timer's expiry, when there is one
+    std::optional<std::stop_callback<forward_stop>> m_forward_close;   // the gate's close() stops the call too
+    std::optional<std::stop_callback<leave_on_stop>> m_leave_on_stop;  // while queued
+    std::optional<queue_timer> m_timer;                                // while queued with a finite wait
+    typename Gate::clock::time_point m_wait_until{};                   // the timer's expiry, when there is one
     std::atomic<int> m_references{1};  // the call; the timer's handler; the initiating thread, briefly
     std::error_code m_code;            // the outcome, set before completion
     std::exception_ptr m_failure;
