@@ -27,6 +27,9 @@
 //   password removed.
 // - A connection that is broken, discarded, retired, or that may still be
 //   inside a transaction is closed, never handed out again.
+// - A stop (cancel()) ends the transaction on the lease within deadline_slack
+//   even when its cancel request is never answered: the watchdog then cuts
+//   the connection off, and it is discarded (pqxx/watchdog.hpp).
 //
 // Fairness. Waiting callers are served in arrival order: a returned connection
 // is handed directly to the oldest waiter, and a newcomer never takes an idle
@@ -92,6 +95,7 @@
 #pragma once
 
 #include <bulkhead/db_bulkhead.hpp>
+#include <bulkhead/detail/clock.hpp>
 #include <bulkhead/error.hpp>
 #include <bulkhead/pool_stats.hpp>
 #include <bulkhead/pqxx/connection_budget.hpp>
@@ -175,6 +179,7 @@ public:
         void release() noexcept {
             if (m_connection) {
                 std::shared_ptr<detail::pool_core> core = std::move(m_core);
+                end_stop_cut(*core, *m_connection);
                 core->give_back(std::move(m_connection));
             }
             m_core.reset();
@@ -203,6 +208,24 @@ public:
 
         lease(std::shared_ptr<detail::pool_core> core, std::unique_ptr<detail::pooled_connection> connection) noexcept
             : m_core(std::move(core)), m_connection(std::move(connection)) {}
+
+        /// Before the connection goes back: disarms a cut that a stop armed
+        /// (cancel()) and that the transaction's end did not (a stop with no
+        /// transaction running, or one racing the transaction's end); a
+        /// connection cut off is discarded. The watchdog never touches a
+        /// connection in the pool. Nothing, and no lock, when no stop came.
+        static void end_stop_cut(detail::pool_core& core, detail::pooled_connection& connection) noexcept {
+            if (!connection.cut_for_stop.load(std::memory_order_acquire)) {
+                return;
+            }
+            core.watchdog().disarm(connection.watch_socket);
+            // relaxed: no cancel() runs now, and the next borrower gets the
+            // connection through the pool's mutex.
+            connection.cut_for_stop.store(false, std::memory_order_relaxed);
+            if (connection.cut_by_watchdog.load(std::memory_order_acquire)) {
+                connection.discard = true;
+            }
+        }
 
         std::shared_ptr<detail::pool_core> m_core;                // keeps the pool's state alive
         std::unique_ptr<detail::pooled_connection> m_connection;  // null when empty
@@ -289,7 +312,9 @@ public:
     ///         std::invalid_argument for a timeout out of range;
     ///         bulkhead::deadline_exceeded when the deadline left no whole
     ///         millisecond, or when the watchdog cut off a BEGIN that went
-    ///         unanswered; bulkhead::pool_timeout
+    ///         unanswered by the deadline plus the slack (one it cut off for a
+    ///         stop, cancel(), is libpqxx's lost connection, never tried
+    ///         again); bulkhead::pool_timeout
     ///         when no other connection came for the retry; whatever libpqxx
     ///         throws (the connection is then marked for discard).
     [[nodiscard]] transaction begin(lease& held, const transaction_options& options) {
@@ -297,8 +322,10 @@ public:
         try {
             return begin_on(held, options);
         } catch (const pqxx::broken_connection&) {
-            // Not when the deadline has passed (the watchdog may be why).
-            if (options.deadline != clock::time_point::max() && clock::now() >= options.deadline) {
+            // Not when the deadline has passed (the watchdog may be why), nor
+            // when the watchdog cut the connection off for a stop.
+            if ((options.deadline != clock::time_point::max() && clock::now() >= options.deadline) ||
+                leased(held).cut_by_watchdog.load(std::memory_order_acquire)) {
                 throw;
             }
             const call_site site = leased(held).leased_by;  // the replacement is the same caller's
@@ -326,12 +353,34 @@ public:
     /// connection, from any thread, without waiting: the request is sent on
     /// a thread of its own (libpq's cancel connects to the server), so this
     /// returns in microseconds; the statement then fails with SQLSTATE
-    /// 57014. A connection whose cancel is still on its way when the lease is
-    /// returned is closed, never handed to another borrower. Never throws: a
-    /// cancel that cannot be sent leaves the work to finish.
+    /// 57014. It also arms the pool's watchdog (the deadline's, watchdog.hpp)
+    /// at now + deadline_slack, or brings the deadline's cut forward to then:
+    /// when the transaction on the lease has not ended by that time (the
+    /// cancel was dropped or never answered, by a proxy or a pooler, or the
+    /// backend does not react), the connection's socket is shut down, the
+    /// statement fails at once with a lost connection, and the connection
+    /// is discarded. The transaction's end, or the lease's return, disarms
+    /// that cut, so a statement that ends in time keeps its connection. A
+    /// connection whose cancel is still on its way when the lease is
+    /// returned is closed, never handed to another borrower. Never throws:
+    /// a cancel that cannot be sent leaves the work to the cut.
+    /// \note Call it while a transaction runs on the lease (the gate's stop
+    /// callbacks do), never while the lease is being returned or moved: its
+    /// cut lasts until the transaction ends, and without one until the lease
+    /// is returned, so it hits a transaction begun on the lease meanwhile.
     void cancel(lease& held) noexcept {
-        if (held.m_connection) {
-            (void)detail::cancel_request::send(held.m_connection->cancel);
+        if (!held.m_connection) {
+            return;
+        }
+        detail::pooled_connection& connection = *held.m_connection;
+        (void)detail::cancel_request::send(connection.cancel);
+        // Before arm(): the lease's thread, seeing the cut, sees why.
+        connection.cut_for_stop.store(true, std::memory_order_release);
+        try {
+            (void)m_core->watchdog().arm(connection.watch_socket,
+                                         detail::saturating_add(clock::now(), m_core->options().deadline_slack),
+                                         connection.cut_by_watchdog);
+        } catch (...) {  // no watchdog thread could be started: the cancel alone stops the work
         }
     }
 
@@ -354,7 +403,7 @@ public:
             return false;
         }
         const detail::transaction_control& control = tx->control();
-        return caused_by_deadline(control.cut_by_watchdog(), control.timeout_from_deadline,
+        return caused_by_deadline(control.cut_by_deadline(), control.timeout_from_deadline,
                                   control.lock_timeout_from_deadline, control.deadline);
     }
 
@@ -535,10 +584,13 @@ private:
             const clock::time_point cut_at =
                 options.deadline + std::chrono::duration_cast<clock::duration>(settings.deadline_slack);
             control.settle_until = std::min(control.settle_until, cut_at);
-            control.watchdog = &m_core->watchdog();
         }
-        if (control.watchdog != nullptr) {  // last: nothing but the transaction's construction may throw after it
-            control.watch = control.watchdog->arm(
+        // Always set (a pointer): a stop arms the watchdog for calls without
+        // a deadline too (cancel()), and the transaction's end disarms it.
+        control.watchdog = &m_core->watchdog();
+        if (options.deadline != clock::time_point::max()) {
+            // Last: nothing but the transaction's construction may throw after it.
+            control.watched = control.watchdog->arm(
                 connection.watch_socket,
                 options.deadline + std::chrono::duration_cast<clock::duration>(settings.deadline_slack),
                 connection.cut_by_watchdog);
@@ -548,16 +600,24 @@ private:
             return std::make_unique<detail::gate_transaction>(*connection.connection, std::move(control), begin_now);
         } catch (const std::bad_alloc&) {
             connection.discard = true;
-            m_core->watchdog().disarm(control.watch);  // moved-from control keeps its ticket value
+            m_core->watchdog().disarm(connection.watch_socket);
             throw;
         } catch (...) {
-            // The transaction's constructor has marked the connection.
-            m_core->watchdog().disarm(control.watch);
-            // A BEGIN that the watchdog cut off: none of the caller's work
-            // ran, so it is refused as a deadline that passes before the work
-            // starts, not left as libpqxx's lost connection.
+            // The transaction's constructor has marked the connection, and
+            // disarmed the watchdog; again here, for a stop that armed it
+            // meanwhile (the lease's return disarms it in any case).
+            m_core->watchdog().disarm(connection.watch_socket);
+            if (connection.cut_by_watchdog.load(std::memory_order_acquire)) {
+                connection.discard = true;
+            }
+            // A BEGIN that the watchdog cut off for the deadline: none of the
+            // caller's work ran, so it is refused as a deadline that passes
+            // before the work starts, not left as libpqxx's lost connection.
+            // One cut off for a stop stays libpqxx's lost connection, which
+            // the gate reports as work_cancelled.
             if (options.deadline != clock::time_point::max() &&
-                connection.cut_by_watchdog.load(std::memory_order_acquire)) {
+                connection.cut_by_watchdog.load(std::memory_order_acquire) &&
+                !connection.cut_for_stop.load(std::memory_order_acquire)) {
                 std::throw_with_nested(deadline_exceeded(
                     "db deadline exceeded before the work started: BEGIN was not answered by the deadline plus "
                     "deadline_slack, and the connection was cut off"));

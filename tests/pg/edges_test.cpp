@@ -9,19 +9,27 @@
 #include "run_program.hpp"
 #include "tcp_proxy.hpp"
 
+#if BULKHEAD_HAVE_ASIO
+#include "asio_support.hpp"
+#endif
+
 #include "catch.hpp"
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <future>
 #include <latch>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <stop_token>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -289,8 +297,9 @@ TEST_CASE("[E5] request_stop returns at once when the cancel cannot get through,
     // sanitizer build on a loaded machine. Was: blocked until the cancel was
     // answered (5 s here, a TCP timeout in general).
     CHECK(took < 200ms);
-    CHECK_THROWS_AS(running.get(), bulkhead::work_cancelled);  // the statement ran to its end; nothing committed
-    CHECK(proxy.held() == 1);                                  // the cancel really was sent, and is still stuck
+    // The watchdog cuts the connection at the stop plus deadline_slack ([E15]); nothing committed.
+    CHECK_THROWS_AS(running.get(), bulkhead::work_cancelled);
+    CHECK(proxy.held() == 1);  // the cancel really was sent, and is still stuck
     CHECK(gate.available() == 1);
     proxy.hold_new(false);
     const int next = backend_through(gate);
@@ -695,4 +704,215 @@ TEST_CASE("[E8] with reset_session off the pool leaves the session as the callba
     gate.transaction(1s, [](pqxx::dbtransaction& tx) { tx.exec("SET statement_timeout = 50"); });
     CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return value_of(tx, "SHOW statement_timeout"); }) ==
           "50ms");
+}
+
+// --- E15 --------------------------------------------------------------------------
+namespace {
+
+/// Who makes [E15]'s call: a thread (transaction) or an Asio caller
+/// (async_transaction, the work on the gate's work thread).
+enum class e15_caller : std::uint8_t { thread, asio };
+
+/// [E15]: a call that wrote a row and then sleeps 5 s on the server, through
+/// a proxy that lets sessions through but holds every cancel request
+/// unanswered (a pooler or load balancer that drops cancels), is stopped
+/// while the sleep runs. It ends with work_cancelled within the slack of
+/// the stop, long before the sleep would; the permit is back, the connection
+/// was discarded, the next call gets a new backend, and the row was never
+/// committed.
+void check_unanswered_cancel(e15_caller caller, bool with_deadline) {
+    constexpr auto slack = 250ms;
+    const std::string name = "bulkhead-e15";
+    scratch_table table("bulkhead_e15", "id int");
+    tcp_proxy proxy = proxy_to_server();
+    auto options = proxied_options(proxy, name);
+    options.deadline_slack = slack;
+    bulkhead::pqxx_pool pool(options);
+    gate_t gate(pool, 1, 0);
+    auto monitor = outside_connection();
+    const int first = backend_through(gate);
+    proxy.hold_cancels(true);
+    std::stop_source stop;
+    gate_t::options call{.stop = stop.get_token()};
+    if (with_deadline) {
+        call.deadline = clock_type::now() + 30s;  // far: only the stop can end the call early
+    }
+    const auto work = [&table](pqxx::dbtransaction& tx) {
+        exec_no_rows(tx, "INSERT INTO " + table.name() + " VALUES (1)");
+        tx.exec("SELECT pg_sleep(5)");
+        return 0;
+    };
+    // How the call ended: its exception, and for an Asio caller (the
+    // failure overload, its completion run on `io`) its error code.
+    std::future<void> ended;
+    std::exception_ptr failure;
+    std::error_code code;
+#if BULKHEAD_HAVE_ASIO
+    std::promise<void> completed;
+    std::optional<io_thread> io;
+    if (caller == e15_caller::asio) {
+        io.emplace();
+        ended = completed.get_future();
+        asio::post(io->executor(), [&] {
+            gate.async_transaction(call, work, failure,
+                                   asio::bind_executor(io->executor(), [&](std::error_code ec, int) {
+                                       code = ec;
+                                       completed.set_value();
+                                   }));
+        });
+    }
+#endif
+    if (caller == e15_caller::thread) {
+        ended = std::async(std::launch::async, [&] {
+            try {
+                (void)gate.transaction(call, work);
+            } catch (...) {
+                failure = std::current_exception();
+            }
+        });
+    }
+    await_running(monitor, name, "pg_sleep(5)");
+    const auto stopped_at = clock_type::now();
+    stop.request_stop();
+    CHECK(clock_type::now() - stopped_at < 200ms);  // never blocks on the held cancel
+    REQUIRE(ended.wait_for(10s) == std::future_status::ready);
+    const auto took = clock_type::now() - stopped_at;
+    figure(caller == e15_caller::thread ? "E15 stop with its cancel held, slack 250 ms: the call ended"
+                                        : "E15 stop of an Asio caller with its cancel held, slack 250 ms: ended",
+           stopped_at);
+    ended.get();
+    if (caller == e15_caller::asio) {
+        CHECK(code == bulkhead::work_error::work_cancelled);
+    }
+    REQUIRE(failure);
+    try {
+        std::rethrow_exception(failure);
+    } catch (const bulkhead::work_cancelled& cancelled) {
+        // The cut, not the server's 57014: the cancel never arrived.
+        CHECK_THROWS_AS(std::rethrow_if_nested(cancelled), pqxx::broken_connection);
+    } catch (...) {
+        FAIL("the call ended otherwise than with work_cancelled");
+    }
+    CHECK(took >= slack - 50ms);       // the cut waits out the slack for the cancel
+    CHECK(took < slack + 1s);          // and then ends the call, long before the 5 s sleep
+    CHECK(proxy.held_cancels() == 1);  // the cancel really was sent, and is still unanswered
+    CHECK(gate.available() == 1);
+    CHECK(gate.stats().work_cancelled == 1);
+    CHECK(pool.in_use() == 0);
+    CHECK(pool.size() == 0);  // discarded, never put back
+    CHECK(pool.stats().closed_for(bulkhead::close_reason::discarded) == 1);
+    const int next = backend_through(gate);  // the next call is served, on a new connection
+    CHECK(next != first);
+    // The cut backend sleeps on inside its transaction until it tries to
+    // answer; ended here, its transaction is final: never committed.
+    terminate_backend(monitor, first);
+    CHECK(table.rows() == 0);
+}
+
+}  // namespace
+
+// [direct]: reads and terminates the backend by its pid; through PgBouncer the client's pid is one PgBouncer made
+// up; left out of the pgbouncer pass (docs/pgbouncer.md).
+TEST_CASE(
+    "[E15] a stop whose cancel goes unanswered ends the call with work_cancelled within deadline_slack, and its "
+    "connection is discarded",
+    "[pg][E15][direct]") {
+    SECTION("a thread's call without a deadline") { check_unanswered_cancel(e15_caller::thread, false); }
+    SECTION("a thread's call with a deadline") { check_unanswered_cancel(e15_caller::thread, true); }
+#if BULKHEAD_HAVE_ASIO
+    SECTION("an Asio caller's call without a deadline") { check_unanswered_cancel(e15_caller::asio, false); }
+    SECTION("an Asio caller's call with a deadline") { check_unanswered_cancel(e15_caller::asio, true); }
+#endif
+}
+
+// [direct]: compares backend pids; through PgBouncer the client's pid is one PgBouncer made up; left out of the
+// pgbouncer pass (docs/pgbouncer.md).
+TEST_CASE(
+    "[E15] a stop whose cancel is answered ends the call as before (57014), and its connection is kept and never "
+    "cut later",
+    "[pg][E15][direct]") {
+    const bool with_deadline = GENERATE(false, true);
+    const std::string name = "bulkhead-e15-answered";
+    auto options = pool_options(name, 1);
+    options.deadline_slack = 250ms;
+    bulkhead::pqxx_pool pool(options);
+    gate_t gate(pool, 1, 0);
+    auto monitor = outside_connection();
+    const int first = backend_through(gate);
+    std::stop_source stop;
+    gate_t::options call{.stop = stop.get_token()};
+    if (with_deadline) {
+        call.deadline = clock_type::now() + 30s;
+    }
+    auto running = std::async(std::launch::async, [&] {
+        gate.transaction(call, [](pqxx::dbtransaction& tx) { tx.exec("SELECT pg_sleep(5)"); });
+    });
+    await_running(monitor, name, "pg_sleep(5)");
+    check_cancelled_at_once(stop, running);  // work_cancelled over the server's 57014, within a second
+    CHECK(gate.available() == 1);
+    CHECK(pool.size() == 1);  // kept
+    CHECK(pool.idle() == 1);
+    // The stop's cut was disarmed with the transaction: on the same
+    // connection, a statement that outlasts the slack is not cut off.
+    gate_t::options again{};
+    if (with_deadline) {
+        again.deadline = clock_type::now() + 30s;
+    }
+    const int next = gate.transaction(again, [](pqxx::dbtransaction& tx) {
+        tx.exec("SELECT pg_sleep(0.5)");
+        return tx.conn().backendpid();
+    });
+    CHECK(next == first);
+    const bulkhead::pool_stats stats = pool.stats();
+    std::uint64_t closed = 0;
+    for (const std::uint64_t each : stats.closed) {
+        closed += each;
+    }
+    CHECK(closed == 0);
+    CHECK(stats.opened == 1);
+}
+
+TEST_CASE(
+    "[E15] a stop during a BEGIN that goes unanswered, its cancel held too, ends the call with work_cancelled "
+    "within deadline_slack, not retried on another connection",
+    "[pg][E15]") {
+    const bool with_deadline = GENERATE(false, true);
+    constexpr auto slack = 250ms;
+    tcp_proxy proxy = proxy_to_server();
+    auto options = proxied_options(proxy, "bulkhead-e15-begin");
+    options.deadline_slack = slack;
+    options.validate_after_idle = 1h;  // the borrow sends nothing: BEGIN is the first thing the silence holds
+    bulkhead::pqxx_pool pool(options);
+    gate_t gate(pool, 1, 0);
+    (void)backend_through(gate);
+    proxy.hold_cancels(true);
+    proxy.silence(true);  // the open session's bytes wait in the proxy
+    std::stop_source stop;
+    gate_t::options call{.stop = stop.get_token()};
+    if (with_deadline) {
+        call.deadline = clock_type::now() + 30s;
+    }
+    bool ran = false;
+    const int queries_before = proxy.queries();
+    auto running =
+        std::async(std::launch::async, [&] { gate.transaction(call, [&](pqxx::dbtransaction&) { ran = true; }); });
+    await([&] { return proxy.queries() == queries_before + 1; });  // the BEGIN, held
+    const auto stopped_at = clock_type::now();
+    stop.request_stop();
+    CHECK(clock_type::now() - stopped_at < 200ms);
+    REQUIRE(running.wait_for(10s) == std::future_status::ready);
+    const auto took = clock_type::now() - stopped_at;
+    figure("E15 stop during an unanswered BEGIN with its cancel held, slack 250 ms: the call ended", stopped_at);
+    // Cut off for the stop: work_cancelled, not the deadline's rejection, and
+    // not tried again on a new connection (which the silence would hold).
+    CHECK_THROWS_AS(running.get(), bulkhead::work_cancelled);
+    CHECK(took >= slack - 50ms);
+    CHECK(took < slack + 1s);
+    CHECK_FALSE(ran);
+    CHECK(proxy.held_cancels() == 1);
+    CHECK(pool.stats().opened == 1);
+    CHECK(pool.size() == 0);  // discarded
+    CHECK(gate.available() == 1);
+    proxy.silence(false);
+    CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return value_of(tx, "SELECT 7"); }) == "7");
 }

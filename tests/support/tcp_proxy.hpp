@@ -2,9 +2,11 @@
 // connection exactly at COMMIT (tests of in-doubt commits), go silent (hold
 // every byte both ways while the connections stay open: a network that stops
 // answering), hold new connections unanswered (a cancel or connect that
-// never gets a reply), refuse new connections, sever every connection
-// without forwarding what a silence held (a partition), send new connections
-// to another port, and count the connections open through it at once.
+// never gets a reply), hold only cancel requests unanswered while sessions
+// go through (a pooler or load balancer that drops cancels), refuse new
+// connections, sever every connection without forwarding what a silence
+// held (a partition), send new connections to another port, and count the
+// connections open through it at once.
 //
 // It forwards bytes both ways and parses the protocol both ways (the untyped
 // startup packets and the one-byte answers to SSLRequest/GSSENCRequest, then
@@ -145,6 +147,14 @@ public:
     /// Connections accepted and left unanswered by hold_new.
     [[nodiscard]] int held() const noexcept { return m_held_count.load(); }
 
+    /// While set, a new connection whose first packet is a CancelRequest
+    /// (16 bytes, code 80877102) is accepted and left unanswered until the
+    /// proxy is destroyed; every other connection goes through as usual.
+    void hold_cancels(bool hold) noexcept { m_holding_cancels.store(hold); }
+
+    /// Cancel requests accepted and left unanswered by hold_cancels.
+    [[nodiscard]] int held_cancels() const noexcept { return m_held_cancels.load(); }
+
     /// Client connections open through the proxy now, and the most at once.
     [[nodiscard]] int open_links() const noexcept { return m_open.load(); }
     [[nodiscard]] int max_open_links() const noexcept { return m_max_open.load(); }
@@ -236,6 +246,12 @@ private:
                 ++m_held_count;
                 continue;
             }
+            if (m_holding_cancels && is_cancel_request(client)) {
+                const std::lock_guard lock(m_mutex);
+                m_held.push_back(client);
+                ++m_held_cancels;
+                continue;
+            }
             const int upstream = connect_upstream();
             if (upstream < 0) {
                 ::close(client);
@@ -252,6 +268,36 @@ private:
             added.client_to_upstream = std::thread([this, &added] { pump_client(added); });
             added.upstream_to_client = std::thread([this, &added] { pump_upstream(added); });
         }
+    }
+
+    /// True when the first packet `client` sends is a CancelRequest: length
+    /// 16, code 80877102. Peeks (the packet stays for the upstream), waiting
+    /// up to a second for its first 8 bytes; libpq sends them at once.
+    static bool is_cancel_request(int client) noexcept {
+        char head[8];
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        for (;;) {
+            pollfd ready{client, POLLIN, 0};
+            if (::poll(&ready, 1, 1000) <= 0) {
+                return false;
+            }
+            const ssize_t got = ::recv(client, head, sizeof head, MSG_PEEK);
+            if (got <= 0) {
+                return false;
+            }
+            if (got == static_cast<ssize_t>(sizeof head)) {
+                break;
+            }
+            if (std::chrono::steady_clock::now() >= give_up) {
+                return false;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the rest of 8 bytes, rarely split
+        }
+        std::uint32_t length_be = 0;
+        std::uint32_t code_be = 0;
+        std::memcpy(&length_be, head, 4);
+        std::memcpy(&code_be, head + 4, 4);
+        return ntohl(length_be) == 16U && ntohl(code_be) == 80877102U;
     }
 
     /// Client to server, message by message, watching for COMMIT.
@@ -484,6 +530,8 @@ private:
     std::atomic<bool> m_silent{false};
     std::atomic<bool> m_holding{false};
     std::atomic<int> m_held_count{0};
+    std::atomic<bool> m_holding_cancels{false};
+    std::atomic<int> m_held_cancels{0};
     std::atomic<int> m_open{0};
     std::atomic<int> m_max_open{0};
     std::vector<int> m_held;  // guarded by m_mutex; closed by the destructor

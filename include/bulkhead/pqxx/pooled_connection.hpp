@@ -72,9 +72,17 @@ struct pooled_connection {
     std::string asked_commit_statement;
     std::string rollback_statement;
     std::string reset_statement;
-    // Set by the deadline watchdog, from its own thread, when it cut this
-    // connection off; read by the lease's thread after its statement failed.
+    // Set by the watchdog, from its own thread, when it cut this connection
+    // off (a deadline and its slack passed, or a stop's cancel went
+    // unanswered for the slack); read by the lease's thread after its
+    // statement failed. Never cleared: a connection cut off is discarded.
     std::atomic<bool> cut_by_watchdog{false};
+    // Set by pqxx_pool::cancel (a stop callback's thread) before it arms the
+    // watchdog at the stop plus deadline_slack; read by the lease's thread,
+    // which disarms that entry when the transaction ends and clears this
+    // when the lease is returned (no cancel() can run by then). release /
+    // acquire: a reader that sees the cut sees this too.
+    std::atomic<bool> cut_for_stop{false};
     // The descriptor the watchdog shuts the socket down through, made when
     // the connection was opened; closed with it.
     watched_socket watch_socket;

@@ -18,7 +18,11 @@
 //   pqxx::broken_connection (rolled back, or read only), or throws
 //   bulkhead::commit_unknown; it is never retried.
 // - A transaction that was begun and not ended on the server marks its
-//   connection for discard.
+//   connection for discard, and so does one whose connection the watchdog
+//   cut off (its deadline, or a stop whose cancel went unanswered).
+// - When it ends, the watchdog's entry for its connection (the deadline's,
+//   or the one a stop armed) is disarmed: a cut never outlives the
+//   transaction it was armed for, and a connection cut off is never kept.
 //
 // Thread safety: used only by the thread that holds the lease.
 #pragma once
@@ -102,8 +106,8 @@ struct transaction_control {
     bool refused = false;                       // the callback called commit() or abort()
     bool reset_pending = false;                 // a COMMIT failed on the server: its reset did not run
     std::exception_ptr abort_failure;           // a ROLLBACK that failed inside libpqxx's abort()
-    socket_watchdog* watchdog = nullptr;        // the pool's, when a deadline is armed
-    socket_watchdog::ticket watch = 0;          // the armed entry, or 0
+    socket_watchdog* watchdog = nullptr;        // the pool's (a stop may arm it without a deadline)
+    bool watched = false;                       // the deadline armed it
     // The statement that goes with COMMIT (pqxx_transaction::exec_with_commit),
     // shared with the statement_result the callback returned; or null.
     std::shared_ptr<one_trip_statement> at_commit;
@@ -185,14 +189,31 @@ struct transaction_control {
                (owner->guard.armed && owner->handle != nullptr && PQtransactionStatus(owner->handle) == PQTRANS_IDLE);
     }
 
-    /// True when the deadline watchdog cut the connection off.
+    /// True when the watchdog cut the connection off, for the deadline or
+    /// for a stop.
     [[nodiscard]] bool cut_by_watchdog() const noexcept {
         return owner->cut_by_watchdog.load(std::memory_order_acquire);
     }
 
+    /// True when the watchdog cut the connection off and no stop had armed
+    /// it: the deadline and its slack passed.
+    [[nodiscard]] bool cut_by_deadline() const noexcept {
+        return cut_by_watchdog() && !owner->cut_for_stop.load(std::memory_order_acquire);
+    }
+
+    /// Disarms the watchdog's entry for the connection, the deadline's or a
+    /// stop's; a connection it cut off meanwhile is discarded (after
+    /// disarm(), `cut_by_watchdog` is final). Nothing, and no lock, for a
+    /// call with neither.
     void disarm_watchdog() noexcept {
-        if (watchdog != nullptr) {
-            watchdog->disarm(std::exchange(watch, 0));
+        if (watchdog == nullptr) {
+            return;
+        }
+        if (std::exchange(watched, false) || owner->cut_for_stop.load(std::memory_order_acquire)) {
+            watchdog->disarm(owner->watch_socket);
+        }
+        if (cut_by_watchdog()) {
+            owner->discard = true;
         }
     }
 
@@ -484,12 +505,13 @@ inline void transaction_control::settle_lost_commit(const std::exception& cause)
     in_doubt = true;
     close_session();  // the session is gone, and the transaction with it
     // After the watchdog's cut libpq says the server closed the connection:
-    // name who did.
+    // name who did, and why.
     const bool cut = cut_by_watchdog();
+    const char* why = cut_by_deadline() ? "the call's deadline and its slack having passed"
+                                        : "a stop's cancel request having gone unanswered for deadline_slack";
     const std::string lost =
         std::string("bulkhead: the connection was lost during COMMIT: ") +
-        (cut ? "the pool's watchdog shut it down, the call's deadline and its slack having passed (libpq: " +
-                   one_line(cause.what()) + ")"
+        (cut ? "the pool's watchdog shut it down, " + std::string(why) + " (libpq: " + one_line(cause.what()) + ")"
              : one_line(cause.what()));
     if (read_only) {
         throw pqxx::broken_connection(lost + " (a read-only transaction: nothing was written)");

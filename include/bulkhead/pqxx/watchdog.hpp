@@ -1,11 +1,14 @@
-// bulkhead: a watchdog that cuts off connections whose deadline has passed.
+// bulkhead: a watchdog that cuts off connections whose call must end now.
 //
 // libpq waits for an answer without a timeout of its own. When the server or
 // the network stops answering mid-statement (a frozen backend, a silent
 // link), nothing on the client would end the wait before TCP gives up, which
-// with keepalives is tens of seconds and without them hours. The pool arms
-// this watchdog for every gate transaction with a deadline: at the deadline
-// plus a stated slack it shuts the connection's socket down (both
+// with keepalives is tens of seconds and without them hours. The same holds
+// for a stop whose cancel request goes unanswered (a proxy or pooler that
+// drops cancels): the statement runs on until it ends by itself. The pool
+// arms this watchdog for every gate transaction with a deadline, at the
+// deadline plus a stated slack, and for a stop, at the stop plus that slack
+// (pqxx_pool::cancel); then it shuts the connection's socket down (both
 // directions), which makes the blocked libpq call return at once with a lost
 // connection. The connection is then discarded, never reused.
 //
@@ -18,16 +21,22 @@
 //   socket, and the duplicate's number, stay reserved, so a number reused by
 //   another connection is never touched. Shutting the duplicate down shuts
 //   the shared socket down.
+// - At most one entry per socket: arming a socket already armed keeps the
+//   earlier of the two times (a stop brings a deadline's cut forward), and
+//   disarm() forgets it whoever armed it. Only leased connections are armed,
+//   so the entries never outnumber the pool's max_size.
 // - One thread per watchdog (per pool), started on the first arm(); arm()
 //   and disarm() make no system call but the wake of that thread when the
-//   new entry is the earliest, never allocate once the entries' capacity (the
+//   new time is the earliest, never allocate once the entries' capacity (the
 //   pool's max_size) is reserved, and never block on the network. (A dup per
 //   arm() and a close per disarm() would put two system calls under the
 //   mutex on every call.)
 //
 // Thread safety: all members may be called concurrently. What the firing
 // thread did (the shutdown, `fired = true`) happens-before a reader of
-// `fired` with acquire ordering.
+// `fired` with acquire ordering, and happens-before the return of a
+// disarm() of that socket: after disarm() returns, `fired` says for good
+// whether the socket was shut down.
 #pragma once
 
 #include <algorithm>
@@ -88,12 +97,11 @@ private:
     int m_descriptor = -1;
 };
 
+/// Cuts off the sockets of connections whose call must end; one per pool.
+/// See the file comment.
 class socket_watchdog {
 public:
     using clock = std::chrono::steady_clock;
-
-    /// What arm() returns, for disarm(). Zero: nothing armed.
-    using ticket = std::uint64_t;
 
     explicit socket_watchdog(std::size_t capacity) { m_entries.reserve(capacity); }
     socket_watchdog(const socket_watchdog&) = delete;
@@ -110,37 +118,43 @@ public:
         }
     }
 
-    /// Shuts `socket` down at `at` unless disarmed first, and then sets
-    /// `*fired`. Both must outlive the entry (disarm it before they go).
+    /// Shuts `socket` down at `at` unless disarmed first, setting `*fired`
+    /// just before. When `socket` is armed already, its entry keeps the
+    /// earlier of the two times and its own `fired`. Both must outlive the
+    /// entry (disarm it before they go). False when the connection has no
+    /// descriptor: nothing is armed, the call goes without a watchdog.
     /// \throws std::system_error when the watchdog's thread cannot be started;
     ///         std::bad_alloc beyond the reserved capacity.
-    [[nodiscard]] ticket arm(const watched_socket& socket, clock::time_point at, std::atomic<bool>& fired) {
-        fired.store(false, std::memory_order_relaxed);
+    [[nodiscard]] bool arm(const watched_socket& socket, clock::time_point at, std::atomic<bool>& fired) {
         if (socket.get() < 0) {
-            return 0;  // no descriptor was left: this call goes without a watchdog
+            return false;
         }
         std::unique_lock lock(m_mutex);
         if (!m_thread.joinable()) {
             m_thread = std::thread([this] { run(); });
         }
-        const ticket id = ++m_last_ticket;
-        m_entries.push_back(entry{id, socket.get(), at, &fired});
+        const auto found = find_locked(socket.get());
+        if (found != m_entries.end()) {
+            found->at = std::min(found->at, at);
+        } else {
+            m_entries.push_back(entry{socket.get(), at, &fired});
+        }
         const bool earliest = at < m_next_wake;
         lock.unlock();
         if (earliest) {
             m_wake.notify_one();
         }
-        return id;
+        return true;
     }
 
-    /// Forgets the entry of `id` (a no-op for 0 or an entry that fired).
-    void disarm(ticket id) noexcept {
-        if (id == 0) {
+    /// Forgets the entry of `socket` (a no-op when none is armed, or when it
+    /// fired). On return the watchdog no longer touches `socket`.
+    void disarm(const watched_socket& socket) noexcept {
+        if (socket.get() < 0) {
             return;
         }
         const std::lock_guard lock(m_mutex);
-        const auto found =
-            std::find_if(m_entries.begin(), m_entries.end(), [&](const entry& each) { return each.id == id; });
+        const auto found = find_locked(socket.get());
         if (found != m_entries.end()) {
             *found = m_entries.back();
             m_entries.pop_back();
@@ -149,11 +163,15 @@ public:
 
 private:
     struct entry {
-        ticket id;
-        int socket;  // a watched_socket's descriptor
+        int socket;  // a watched_socket's descriptor; one entry per socket
         clock::time_point at;
         std::atomic<bool>* fired;
     };
+
+    std::vector<entry>::iterator find_locked(int socket) noexcept {
+        return std::find_if(m_entries.begin(), m_entries.end(),
+                            [&](const entry& each) { return each.socket == socket; });
+    }
 
     void run() noexcept {
         std::unique_lock lock(m_mutex);
@@ -193,7 +211,6 @@ private:
     std::mutex m_mutex;
     std::condition_variable m_wake;                            // the thread waits on it with m_mutex
     std::vector<entry> m_entries;                              // guarded by m_mutex
-    ticket m_last_ticket = 0;                                  // guarded by m_mutex
     clock::time_point m_next_wake = clock::time_point::max();  // guarded by m_mutex
     bool m_stopping = false;                                   // guarded by m_mutex
     std::thread m_thread;                                      // started under m_mutex, joined by the destructor
