@@ -498,7 +498,7 @@ private:
     permit admit_or_throw(const options& call, admission_times* times = nullptr) {
         const result<detail::permit_wait_limit> held = m_core.admit_out_of_line(call, times);
         if (!held) {
-            throw_rejection(held.error(), m_core.retry_delay(class_of(call)));
+            throw_rejection(held.error(), m_core.retry_delay(class_of(call)), outage_cause(held.error()));
         }
         return admitted(call, class_of(call));
     }
@@ -858,7 +858,28 @@ private:
 
     [[noreturn]] void throw_refusal(reject_reason reason, const options& call) {
         (void)m_core.refuse(reason, class_of(call));
-        throw_rejection(reason, m_core.retry_delay(class_of(call)));
+        throw_rejection(reason, m_core.retry_delay(class_of(call)), outage_cause(reason));
+    }
+
+    /// For a refusal that follows a wait (admission_timeout,
+    /// deadline_exceeded, pool_timeout) while the pool's latest attempt to
+    /// open a connection failed: that error (scrubbed by the pool), so that
+    /// a caller and a log can tell an outage or a failover from overload.
+    /// Empty otherwise; admission_full, the refusal made at once under
+    /// overload, never asks the pool.
+    [[nodiscard]] std::string outage_cause(reject_reason reason) const {
+        if constexpr (pool_reports_health<Pool>) {
+            if (reason == reject_reason::admission_timeout || reason == reject_reason::deadline_exceeded ||
+                reason == reject_reason::pool_timeout) {
+                std::string error = m_pool->health().last_error;
+                if (!error.empty()) {
+                    return "the pool's last connection error: " + error;
+                }
+            }
+        } else {
+            (void)reason;
+        }
+        return {};
     }
 
     rollback_failure_hook rollback_hook() noexcept {

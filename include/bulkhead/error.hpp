@@ -123,6 +123,9 @@ class admission_timeout : public rejected {
 public:
     explicit admission_timeout(std::chrono::milliseconds retry_after = std::chrono::milliseconds(0))
         : rejected(reject_reason::admission_timeout, "db admission timed out", retry_after) {}
+    explicit admission_timeout(const std::string& what,
+                               std::chrono::milliseconds retry_after = std::chrono::milliseconds(0))
+        : rejected(reject_reason::admission_timeout, what, retry_after) {}
 };
 
 /// A stop was requested (std::stop_token) before the work started.
@@ -137,7 +140,8 @@ class pool_timeout : public rejected {
 public:
     explicit pool_timeout(std::chrono::milliseconds retry_after = std::chrono::milliseconds(0))
         : rejected(reject_reason::pool_timeout, "db pool connection timed out", retry_after) {}
-    explicit pool_timeout(const std::string& what) : rejected(reject_reason::pool_timeout, what) {}
+    explicit pool_timeout(const std::string& what, std::chrono::milliseconds retry_after = std::chrono::milliseconds(0))
+        : rejected(reject_reason::pool_timeout, what, retry_after) {}
 };
 
 /// The call's deadline passed, or would pass, before the work could start.
@@ -145,7 +149,9 @@ class deadline_exceeded : public rejected {
 public:
     explicit deadline_exceeded(std::chrono::milliseconds retry_after = std::chrono::milliseconds(0))
         : rejected(reject_reason::deadline_exceeded, "db deadline exceeded before the work started", retry_after) {}
-    explicit deadline_exceeded(const std::string& what) : rejected(reject_reason::deadline_exceeded, what) {}
+    explicit deadline_exceeded(const std::string& what,
+                               std::chrono::milliseconds retry_after = std::chrono::milliseconds(0))
+        : rejected(reject_reason::deadline_exceeded, what, retry_after) {}
 };
 
 /// The gate (or the pool) was closed (db_bulkhead::close(), pqxx_pool::close()):
@@ -188,9 +194,26 @@ public:
 };
 
 /// Throws the exception of the `rejected` family that matches `reason`,
-/// with `retry_after` as its suggested retry delay.
+/// with `retry_after` as its suggested retry delay. A `cause` (what the
+/// gate knows of why a wait ran out: the pool's last connection error) is
+/// appended to the message of the rejections that follow a wait:
+/// admission_timeout, pool_timeout and deadline_exceeded.
 [[noreturn]] inline void throw_rejection(reject_reason reason,
-                                         std::chrono::milliseconds retry_after = std::chrono::milliseconds(0)) {
+                                         std::chrono::milliseconds retry_after = std::chrono::milliseconds(0),
+                                         std::string_view cause = {}) {
+    if (!cause.empty()) {
+        const auto message = [cause](const char* plain) { return std::string(plain).append("; ").append(cause); };
+        switch (reason) {
+            case reject_reason::admission_timeout:
+                throw admission_timeout(message("db admission timed out"), retry_after);
+            case reject_reason::pool_timeout:
+                throw pool_timeout(message("db pool connection timed out"), retry_after);
+            case reject_reason::deadline_exceeded:
+                throw deadline_exceeded(message("db deadline exceeded before the work started"), retry_after);
+            default:
+                break;
+        }
+    }
     switch (reason) {
         case reject_reason::admission_full:
             throw admission_full(retry_after);
@@ -213,9 +236,10 @@ public:
 /// costs what a thrown rejection costs; std::bad_alloc instead when its
 /// message cannot be stored.
 [[nodiscard]] inline std::exception_ptr make_rejection(
-    reject_reason reason, std::chrono::milliseconds retry_after = std::chrono::milliseconds(0)) noexcept {
+    reject_reason reason, std::chrono::milliseconds retry_after = std::chrono::milliseconds(0),
+    std::string_view cause = {}) noexcept {
     try {
-        throw_rejection(reason, retry_after);
+        throw_rejection(reason, retry_after, cause);
     } catch (...) {
         return std::current_exception();
     }

@@ -15,7 +15,10 @@ struct pool_health {
     /// False when no connection is open and the last attempt to open one
     /// failed: a call now would wait for a connection that is not coming.
     bool can_connect = true;
-    /// That attempt's error, scrubbed of passwords; empty when can_connect.
+    /// The error of the last attempt to open a connection when that attempt
+    /// failed (no connection was opened since), scrubbed of passwords;
+    /// empty otherwise. Set while can_connect is still true too: the pool
+    /// may have connections open while it fails to open more (a failover).
     std::string last_error;
     /// The last connection budget the pool read (at start-up, or
     /// read_budget()) left the fleet over the server's limit: its

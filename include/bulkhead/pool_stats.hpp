@@ -19,10 +19,11 @@ enum class close_reason : std::uint8_t {
     idle,               ///< idle longer than idle_timeout, above min_idle
     validation_failed,  ///< the check on borrow or return failed
     shutdown,           ///< the pool was destroyed
+    read_only,          ///< a pool that needs writes found its server read-only or in recovery
 };
 
 /// The number of close_reason values.
-inline constexpr std::size_t close_reason_count = 6;
+inline constexpr std::size_t close_reason_count = 7;
 
 /// A short lower-case name for `reason`, suitable for metric labels.
 [[nodiscard]] constexpr std::string_view to_string(close_reason reason) noexcept {
@@ -39,6 +40,8 @@ inline constexpr std::size_t close_reason_count = 6;
             return "validation_failed";
         case close_reason::shutdown:
             return "shutdown";
+        case close_reason::read_only:
+            return "read_only";
     }
     return "unknown";
 }

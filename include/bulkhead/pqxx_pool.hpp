@@ -675,7 +675,9 @@ private:
         if (plan.application_prefix.empty()) {
             plan.application_prefix = options.application_name;
         }
-        return read_connection_budget(detail::make_connect_target(options.conninfo, options.application_name).base,
+        return read_connection_budget(detail::make_connect_target(options.conninfo, options.application_name,
+                                                                  detail::session_attrs_of(options.conninfo))
+                                          .base,
                                       options.max_size, plan, options.connection_timeout);
     }
 

@@ -87,6 +87,20 @@ gate.transaction({.deadline = std::chrono::steady_clock::now() + 200ms}, work); 
 }  // snippet-context
 }  // namespace pgbouncer  // snippet-context
 
+// --- docs/cluster.md --------------------------------------------------------
+namespace cluster {  // snippet-context
+void cluster_md() {  // snippet-context
+// Writes: list every member; the pool asks libpq for the primary.
+bulkhead::pqxx_pool writes({.conninfo = "host=db1,db2,db3 port=5432 dbname=shop user=app", .max_size = 10});
+bulkhead::db_bulkhead write_gate(writes, 8, 32);
+
+// Reads: a pool and a gate of their own, on a standby while one answers.
+bulkhead::pqxx_pool reads({.conninfo = "host=db1,db2,db3 dbname=shop user=app target_session_attrs=prefer-standby",
+                           .max_size = 10});
+bulkhead::db_bulkhead read_gate(reads, 8, 32);
+}  // snippet-context
+}  // namespace cluster  // snippet-context
+
 // --- docs/pqxx_pool.md ------------------------------------------------------
 #include <bulkhead/db_bulkhead.hpp>
 #include <bulkhead/pqxx_pool.hpp>   // the libpqxx pool; it and bulkhead/pqxx/*.hpp are the only headers with <pqxx/pqxx>

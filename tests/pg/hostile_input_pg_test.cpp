@@ -211,6 +211,38 @@ TEST_CASE("hostile, malformed connection strings are refused by the constructor 
     }
 }
 
+TEST_CASE("[I3] host and port lists that differ, an unknown target_session_attrs: refused naming the field",
+          "[pg][hostile][pool][I3]") {
+    // libpq would refuse each only when it connects, on every attempt.
+    const std::vector<conninfo_complaint> cases{
+        {"host=127.0.0.1,127.0.0.1 port=1,2,3 password=L1st-S3cret", "lists 3 ports for 2 hosts"},
+        {"postgresql://u:L1st-S3cret@127.0.0.1:1,127.0.0.1:2/x?port=1,2,3", "lists 3 ports for 2 hosts"},
+        {"host=a,b hostaddr=127.0.0.1 port=1 password=L1st-S3cret", "lists 2 hosts but 1 hostaddr values"},
+        {"host=127.0.0.1 port=1 target_session_attrs=master password=L1st-S3cret",
+         "target_session_attrs is \"master\"; libpq takes any, read-write, read-only, primary, standby or "
+         "prefer-standby"},
+    };
+    for (const conninfo_complaint& bad : cases) {
+        INFO("conninfo (redacted): " << bulkhead::redact_conninfo(bad.conninfo));
+        try {
+            bulkhead::pqxx_pool pool(nowhere(bad.conninfo));
+            FAIL("the conninfo was accepted");
+        } catch (const std::invalid_argument& refused) {
+            const std::string message = refused.what();
+            INFO("message: " << message);
+            CHECK_THAT(message, Catch::Matchers::StartsWith("bulkhead::pqxx_pool: conninfo"));
+            CHECK_THAT(message, Catch::Matchers::ContainsSubstring(bad.complaint));
+            CHECK_THAT(message, !Catch::Matchers::ContainsSubstring("S3cret"));
+        }
+    }
+    // One port for every host, and every value libpq knows, pass.
+    for (const char* fine : {"host=127.0.0.1,127.0.0.1 port=1", "host=127.0.0.1 port=1 target_session_attrs=any",
+                             "host=127.0.0.1 port=1 target_session_attrs=prefer-standby"}) {
+        INFO(fine);
+        CHECK_NOTHROW(bulkhead::pqxx_pool(nowhere(fine)));
+    }
+}
+
 TEST_CASE("hostile, connection strings libpq refuses only when connecting end in pool_timeout with its complaint",
           "[pg][hostile][pool]") {
     // libpq parses these (PQconninfoParse checks keywords and syntax), and

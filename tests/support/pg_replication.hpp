@@ -138,11 +138,30 @@ public:
     /// \throws Catch2's test failure (FAIL) when there is no standby, or a
     ///         step fails.
     void fail_over() {
+        lose_primary();
+        promote_standby();
+    }
+
+    /// The first half of fail_over(): the primary dies at once and the
+    /// standby's stream is cut; the standby is not promoted yet (an outage:
+    /// nothing takes writes). Its directory is kept until promote_standby().
+    /// \throws Catch2's test failure (FAIL) when there is no standby.
+    void lose_primary() {
         if (!m_standby) {
-            FAIL("replicated_cluster::fail_over: there is no standby to promote");
+            FAIL("replicated_cluster::lose_primary: there is no standby to promote");
         }
         m_primary->kill_server();
         m_stream->sever();
+    }
+
+    /// The second half of fail_over(): the standby is promoted and is the
+    /// primary from now on, with no standby; the dead primary's directory
+    /// is deleted.
+    /// \throws Catch2's test failure (FAIL) when there is no standby.
+    void promote_standby() {
+        if (!m_standby) {
+            FAIL("replicated_cluster::promote_standby: there is no standby to promote");
+        }
         m_standby->promote();
         m_primary = std::move(m_standby);
         m_stream.reset();
@@ -156,11 +175,24 @@ public:
         if (!m_standby) {
             throw std::logic_error("replicated_cluster::both_hosts: there is no standby");
         }
-        return m_primary->conninfo() + " host=127.0.0.1,127.0.0.1 port=" + std::to_string(m_primary->port()) + "," +
-               std::to_string(m_standby->port()) + " " + std::string(extra);
+        return host_list(m_primary->port(), m_standby->port(), extra);
+    }
+
+    /// As both_hosts(), with the standby listed first.
+    /// \throws std::logic_error when there is no standby.
+    [[nodiscard]] std::string standby_first(std::string_view extra) const {
+        if (!m_standby) {
+            throw std::logic_error("replicated_cluster::standby_first: there is no standby");
+        }
+        return host_list(m_standby->port(), m_primary->port(), extra);
     }
 
 private:
+    [[nodiscard]] std::string host_list(int first, int second, std::string_view extra) const {
+        return m_primary->conninfo() + " host=127.0.0.1,127.0.0.1 port=" + std::to_string(first) + "," +
+               std::to_string(second) + " " + std::string(extra);
+    }
+
     // Declared in this order so that the proxy outlives the standby that
     // streams through it, and both go before the primary.
     std::unique_ptr<private_cluster> m_primary;

@@ -124,7 +124,8 @@ public:
         if (!limit) {
             std::exception_ptr rejection;
             if (failure != nullptr) {
-                rejection = make_rejection(limit.error(), async_access::core(gate).retry_delay(call.workload.index));
+                rejection = make_rejection(limit.error(), async_access::core(gate).retry_delay(call.workload.index),
+                                           async_access::outage_cause(gate, limit.error()));
             }
             post_rejection(std::move(handler), make_error_code(limit.error()), failure, std::move(rejection));
             return;
@@ -386,7 +387,8 @@ private:
     void refuse(reject_reason reason) noexcept {
         m_code = make_error_code(reason);
         if (m_failure_out != nullptr) {
-            m_failure = make_rejection(reason, core().retry_delay(m_limit.workload));
+            m_failure =
+                make_rejection(reason, core().retry_delay(m_limit.workload), async_access::outage_cause(m_gate, reason));
         }
     }
 

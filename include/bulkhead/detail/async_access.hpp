@@ -3,6 +3,9 @@
 #pragma once
 
 #include <bulkhead/detail/gate_core.hpp>
+#include <bulkhead/error.hpp>
+
+#include <string>
 
 namespace bulkhead::detail {
 
@@ -18,6 +21,16 @@ struct async_access {
     template <class Gate>
     static gate_core& core(Gate& gate) noexcept {
         return gate.m_core;
+    }
+    /// The pool's last connection error for a refusal after a wait, or
+    /// empty (db_bulkhead::outage_cause); empty when it cannot be built.
+    template <class Gate>
+    static std::string outage_cause(const Gate& gate, reject_reason reason) noexcept {
+        try {
+            return gate.outage_cause(reason);
+        } catch (...) {
+            return {};
+        }
     }
     template <class Gate, class Work>
     static void check_call(Gate& gate, const typename Gate::options& call, const Work& work) {

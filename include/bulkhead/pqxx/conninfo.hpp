@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -448,12 +449,38 @@ inline constexpr std::pair<std::string_view, std::string_view> tcp_defaults[] = 
     {"keepalives_count", "3"}, {"tcp_user_timeout", "30000"},
 };
 
-/// How the pool connects: the user's conninfo with application_name and the
-/// TCP defaults, and whether it may add a connect_timeout of its own.
+/// The values of target_session_attrs libpq 14 and later take.
+inline constexpr std::string_view known_session_attrs[] = {"any",     "read-write", "read-only",
+                                                           "primary", "standby",    "prefer-standby"};
+
+/// What a pool needs of its server, from target_session_attrs
+/// (`session_attrs`: empty when neither the conninfo nor the environment
+/// sets one, which the pool reads as primary).
+enum class session_need : std::uint8_t {
+    any,             ///< read-only, standby, any: whatever libpq picked
+    prefer_standby,  ///< prefer-standby: a standby, or the primary for a while (fallback_lifetime)
+    primary,         ///< primary (the default): not in recovery
+    read_write,      ///< read-write: not in recovery, and default_transaction_read_only off
+};
+
+[[nodiscard]] constexpr session_need session_need_of(std::string_view session_attrs) noexcept {
+    if (session_attrs.empty() || session_attrs == "primary") {
+        return session_need::primary;
+    }
+    if (session_attrs == "prefer-standby") {
+        return session_need::prefer_standby;
+    }
+    return session_attrs == "read-write" ? session_need::read_write : session_need::any;
+}
+
+/// How the pool connects: the user's conninfo with application_name, the
+/// TCP defaults and target_session_attrs, and whether it may add a
+/// connect_timeout of its own.
 struct connect_target {
-    std::string base;                  // conninfo plus application_name and tcp_defaults
-    bool uri = false;                  // URI form (parameters after '?', joined by '&')
-    bool add_connect_timeout = false;  // neither conninfo nor PGCONNECT_TIMEOUT sets one
+    std::string base;                           // conninfo plus application_name, tcp_defaults, target_session_attrs
+    bool uri = false;                           // URI form (parameters after '?', joined by '&')
+    bool add_connect_timeout = false;           // neither conninfo nor PGCONNECT_TIMEOUT sets one
+    session_need sessions = session_need::any;  // a pool's: what its server must be (session_need_of())
 };
 
 /// Appends `key=value` to a connection string in its own form.
@@ -467,14 +494,25 @@ inline void append_parameter(std::string& conninfo, bool uri, std::string_view k
 }
 
 /// The pool's connect_target for `conninfo` and `application_name` (empty:
-/// leave it to conninfo and the environment).
+/// leave it to conninfo and the environment). `session_attrs`, for a pool,
+/// is the target_session_attrs the conninfo or the environment sets (empty:
+/// none); without one the pool asks libpq for a primary (a server not in
+/// recovery), so that a host list moves on past a standby, and a standby
+/// alone is a connection error that says so. Without `session_attrs`
+/// (another connection than a pool's) target_session_attrs is left as it
+/// is.
 [[nodiscard]] inline connect_target make_connect_target(const std::string& conninfo,
-                                                        const std::string& application_name) {
+                                                        const std::string& application_name,
+                                                        std::optional<std::string_view> session_attrs = {}) {
     connect_target target;
     target.base = conninfo;
     target.uri = is_uri(conninfo);
+    target.sessions = session_attrs ? session_need_of(*session_attrs) : session_need::any;
     if (!application_name.empty()) {
         append_parameter(target.base, target.uri, "application_name", application_name);
+    }
+    if (session_attrs && session_attrs->empty()) {
+        append_parameter(target.base, target.uri, "target_session_attrs", "primary");
     }
     for (const auto& [key, value] : tcp_defaults) {
         if (!conninfo_sets(conninfo, key)) {

@@ -14,10 +14,15 @@
 #include <libpq-fe.h>
 #include <pqxx/pqxx>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <iterator>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -59,6 +64,13 @@ struct pqxx_pool_options {
     /// it drawn when it opens (so that connections opened together do not
     /// retire together), is closed when next seen by the pool. Zero: never.
     std::chrono::milliseconds max_lifetime{1800000};
+    /// With target_session_attrs=prefer-standby (reads on standbys, the
+    /// primary as the fallback: docs/cluster.md): a connection opened on the
+    /// primary because no standby answered is closed when the pool next
+    /// sees it after this long, so that the pool tries the standbys again
+    /// within about this time of one returning, not at max_lifetime. Zero:
+    /// such a connection lives max_lifetime.
+    std::chrono::milliseconds fallback_lifetime{5000};
     /// An idle connection idle this long is pinged by the pool's
     /// housekeeping thread (one round trip, bounded by validation_timeout),
     /// so that firewalls and servers that drop quiet connections do not, and
@@ -72,7 +84,8 @@ struct pqxx_pool_options {
     /// in pg_stat_activity. Empty: leave it to conninfo and the environment.
     std::string application_name = "bulkhead";
     /// Called once for every connection the pool closes, with the reason
-    /// (discarded, broken, lifetime, idle, validation_failed, shutdown): an
+    /// (discarded, broken, lifetime, idle, validation_failed, shutdown,
+    /// read_only): an
     /// observer hook for logging or tracing. Must not throw and must not call
     /// acquire(); it may run with the pool's mutex held. Not called any more
     /// once the pool object is gone (for leases returned later, say). Empty:
@@ -198,13 +211,85 @@ namespace detail {
 /// max_connections.
 inline constexpr std::size_t max_pool_size = 262143;
 
+/// The number of entries in a comma-separated libpq list (0 for none).
+[[nodiscard]] inline std::size_t list_length(const char* list) noexcept {
+    if (list == nullptr || *list == '\0') {
+        return 0;
+    }
+    return 1 + static_cast<std::size_t>(std::count(list, list + std::strlen(list), ','));
+}
+
+/// Throws std::invalid_argument naming the keyword when the values libpq
+/// parsed from a conninfo cannot work: a port list whose length is neither
+/// 1 nor the host list's, or a target_session_attrs libpq does not know
+/// (libpq would say so only when it connects, on every attempt).
+inline void check_conninfo_values(const PQconninfoOption* parsed) {
+    const char* host = nullptr;
+    const char* hostaddr = nullptr;
+    const char* port = nullptr;
+    const char* attrs = nullptr;
+    for (const PQconninfoOption* option = parsed; option->keyword != nullptr; ++option) {
+        const std::string_view keyword = option->keyword;
+        if (keyword == "host") {
+            host = option->val;
+        } else if (keyword == "hostaddr") {
+            hostaddr = option->val;
+        } else if (keyword == "port") {
+            port = option->val;
+        } else if (keyword == "target_session_attrs") {
+            attrs = option->val;
+        }
+    }
+    const std::size_t hosts = std::max(list_length(host), list_length(hostaddr));
+    if (list_length(host) > 0 && list_length(hostaddr) > 0 && list_length(host) != list_length(hostaddr)) {
+        throw std::invalid_argument("bulkhead::pqxx_pool: conninfo lists " + std::to_string(list_length(host)) +
+                                    " hosts but " + std::to_string(list_length(hostaddr)) + " hostaddr values");
+    }
+    if (const std::size_t ports = list_length(port); ports > 1 && ports != hosts) {
+        throw std::invalid_argument("bulkhead::pqxx_pool: conninfo lists " + std::to_string(ports) + " ports for " +
+                                    std::to_string(hosts) + " hosts (port takes one value, or one per host)");
+    }
+    if (attrs != nullptr && *attrs != '\0') {
+        const std::string_view value = attrs;
+        if (std::find(std::begin(known_session_attrs), std::end(known_session_attrs), value) ==
+            std::end(known_session_attrs)) {
+            throw std::invalid_argument("bulkhead::pqxx_pool: conninfo's target_session_attrs is \"" + one_line(value) +
+                                        "\"; libpq takes any, read-write, read-only, primary, standby or "
+                                        "prefer-standby");
+        }
+    }
+}
+
+/// The target_session_attrs `conninfo` sets, else the environment's
+/// PGTARGETSESSIONATTRS, else empty. Uses libpq's PQconninfoParse.
+[[nodiscard]] inline std::string session_attrs_of(const std::string& conninfo) {
+    std::string attrs;
+    if (PQconninfoOption* parsed = PQconninfoParse(conninfo.c_str(), nullptr); parsed != nullptr) {
+        const std::unique_ptr<PQconninfoOption, void (*)(PQconninfoOption*)> owned(parsed, PQconninfoFree);
+        for (const PQconninfoOption* option = parsed; option->keyword != nullptr; ++option) {
+            if (std::string_view(option->keyword) == "target_session_attrs" && option->val != nullptr) {
+                attrs = option->val;
+            }
+        }
+    }
+    if (attrs.empty()) {
+        // concurrency-mt-unsafe: read once, when the pool is built, as libpq
+        // reads it on every connection attempt.
+        if (const char* from_environment = std::getenv("PGTARGETSESSIONATTRS")) {  // NOLINT(concurrency-mt-unsafe)
+            attrs = from_environment;
+        }
+    }
+    return attrs;
+}
+
 /// Throws std::invalid_argument unless libpq can parse `conninfo` (keywords
 /// and syntax only: libpq checks values such as a port number when it
 /// connects). Uses libpq's PQconninfoParse; sends nothing.
 inline void check_conninfo_syntax(const std::string& conninfo) {
     char* complaint = nullptr;
     if (PQconninfoOption* parsed = PQconninfoParse(conninfo.c_str(), &complaint); parsed != nullptr) {
-        PQconninfoFree(parsed);
+        const std::unique_ptr<PQconninfoOption, void (*)(PQconninfoOption*)> owned(parsed, PQconninfoFree);
+        check_conninfo_values(parsed);
         return;
     }
     const std::string said = complaint != nullptr ? complaint : "libpq could not parse it (out of memory?)";
@@ -251,6 +336,7 @@ inline void check_options(const pqxx_pool_options& options) {
     at_least("validation_timeout", options.validation_timeout, 250);
     at_least("idle_timeout", options.idle_timeout, 0);
     at_least("max_lifetime", options.max_lifetime, 0);
+    at_least("fallback_lifetime", options.fallback_lifetime, 0);
     at_least("validate_after_idle", options.validate_after_idle, 0);
     if (options.keepalive_time.count() != 0) {
         at_least("keepalive_time (when not 0)", options.keepalive_time, 100);

@@ -66,6 +66,8 @@ namespace detail {
                 base.idle_timeout = duration();
             } else if (key == "max_lifetime") {
                 base.max_lifetime = duration();
+            } else if (key == "fallback_lifetime") {
+                base.fallback_lifetime = duration();
             } else if (key == "keepalive_time") {
                 base.keepalive_time = duration();
             } else if (key == "validate_after_idle") {
@@ -90,12 +92,13 @@ namespace detail {
                         place, {key, " ", config_excerpt(value, config_value_excerpt), " is not off, warn or refuse"});
                 }
             } else {
-                refuse_unknown_setting(key,
-                                       "conninfo, application_name, max_size, min_idle, connection_timeout, "
-                                       "validation_timeout, idle_timeout, max_lifetime, keepalive_time, "
-                                       "validate_after_idle, deadline_slack, leak_threshold, reset_session, "
-                                       "connection_affinity, budget_check",
-                                       place);
+                refuse_unknown_setting(
+                    key,
+                    "conninfo, application_name, max_size, min_idle, connection_timeout, "
+                    "validation_timeout, idle_timeout, max_lifetime, fallback_lifetime, keepalive_time, "
+                    "validate_after_idle, deadline_slack, leak_threshold, reset_session, "
+                    "connection_affinity, budget_check",
+                    place);
             }
         });
     return base;

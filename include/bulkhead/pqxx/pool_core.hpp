@@ -133,6 +133,24 @@ inline bool check_idle_session(pqxx::connection& connection, std::chrono::steady
     }
 }
 
+/// True when the server of `connection` said, in the parameters it reports
+/// to every session (PostgreSQL 14 and later), that it no longer is what
+/// `need` asks: in recovery (a standby, or a demoted primary behind the
+/// same address), or, for read-write, default_transaction_read_only on.
+/// The pool closes such a connection on its return, and libpq's
+/// target_session_attrs then moves the next connect on through the host
+/// list.
+inline bool session_unwanted(PGconn* connection, session_need need) noexcept {
+    const auto on = [connection](const char* name) {
+        const char* value = PQparameterStatus(connection, name);
+        return value != nullptr && std::string_view(value) == "on";
+    };
+    if (need == session_need::any || need == session_need::prefer_standby || connection == nullptr) {
+        return false;
+    }
+    return on("in_hot_standby") || (need == session_need::read_write && on("default_transaction_read_only"));
+}
+
 /// True when the session of a connection returned from raw use is outside
 /// any transaction block. Without a round trip when the pool holds the
 /// connection's PGconn* (read when it was opened) and the session is still
@@ -156,7 +174,8 @@ public:
 
     explicit pool_core(pqxx_pool_options options)
         : m_options(std::move(options)),
-          m_target(make_connect_target(m_options.conninfo, m_options.application_name)),
+          m_target(make_connect_target(m_options.conninfo, m_options.application_name,
+                                       session_attrs_of(m_options.conninfo))),
           m_secrets(collect_secrets(m_options.conninfo)),
           m_watchdog(m_options.max_size) {
         m_idle.reserve(m_options.max_size);
@@ -335,9 +354,9 @@ public:
     [[nodiscard]] pool_health health() const {
         pool_health health;
         const std::lock_guard lock(m_mutex);
-        if (m_idle.empty() && m_in_use == 0 && m_last_error_at > m_last_opened_at) {
-            health.can_connect = false;
+        if (m_last_error_at > m_last_opened_at) {
             health.last_error = m_last_error;
+            health.can_connect = !(m_idle.empty() && m_in_use == 0);
         }
         health.budget_excess = m_budget_excess;
         return health;
@@ -965,6 +984,16 @@ private:
             thread_local std::mt19937_64 generator{std::random_device{}()};
             record.retire_at = saturating_add(record.opened_at, jittered_lifetime(m_options.max_lifetime, generator()));
         }
+        if (m_target.sessions == session_need::prefer_standby && m_options.fallback_lifetime.count() > 0) {
+            // No standby answered: libpq fell back to the primary (a server
+            // that says it is not in hot standby mode; PostgreSQL 14 and
+            // later say so to every session).
+            const char* standby = PQparameterStatus(record.handle, "in_hot_standby");
+            if (standby != nullptr && std::string_view(standby) == "off") {
+                record.retire_at =
+                    std::min(record.retire_at, saturating_add(record.opened_at, m_options.fallback_lifetime));
+            }
+        }
         const state_lock lock(*this);
         --m_opening;
         ++m_in_use;
@@ -1047,6 +1076,9 @@ private:
         }
         if (now >= connection.retire_at) {
             return close_reason::lifetime;
+        }
+        if (session_unwanted(connection.handle, m_target.sessions)) {
+            return close_reason::read_only;
         }
         if (connection.raw_access) {
             connection.raw_access = false;
