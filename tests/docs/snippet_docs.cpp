@@ -99,6 +99,17 @@ bulkhead::pqxx_pool reads({.conninfo = "host=db1,db2,db3 dbname=shop user=app ta
                            .max_size = 10});
 bulkhead::db_bulkhead read_gate(reads, 8, 32);
 }  // snippet-context
+
+void patroni_md() {  // snippet-context
+using namespace std::chrono_literals;  // snippet-context
+// Both members in a libpq host list; libpq connects to the first that
+// accepts writes. Patroni runs with synchronous_mode: true.
+bulkhead::pqxx_pool pool({.conninfo = "host=10.0.0.1,10.0.0.2 port=5432,5432 dbname=shop user=app "
+                                      "target_session_attrs=read-write",
+                          .max_size = 8, .connection_timeout = 3s});
+bulkhead::db_bulkhead gate(pool, 8, 0);
+gate.transaction({.queue_wait = 1s, .deadline = std::chrono::steady_clock::now() + 3s}, work);
+}  // snippet-context
 }  // namespace cluster  // snippet-context
 
 // --- docs/pqxx_pool.md ------------------------------------------------------
