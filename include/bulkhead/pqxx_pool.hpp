@@ -110,6 +110,7 @@
 #include <libpq-fe.h>
 #include <pqxx/pqxx>
 
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <memory>
@@ -118,6 +119,7 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -153,7 +155,9 @@ public:
         /// An empty lease, holding nothing.
         lease() noexcept = default;
 
-        lease(lease&& other) noexcept = default;
+        /// Takes over `other`'s connection. Not while cancel() may run on
+        /// `other` (nor on this lease, for the assignment below).
+        lease(lease&& other) noexcept : m_core(std::move(other.m_core)), m_connection(std::move(other.m_connection)) {}
 
         /// Returns what this lease held, then takes over `other`'s connection.
         lease& operator=(lease&& other) noexcept {
@@ -229,6 +233,16 @@ public:
 
         std::shared_ptr<detail::pool_core> m_core;                // keeps the pool's state alive
         std::unique_ptr<detail::pooled_connection> m_connection;  // null when empty
+        // cancel() from another thread against begin()'s retry, which swaps
+        // the connection: cancel() counts itself in m_cancelling, then reads
+        // m_connection only while m_swapping is false; the retry sets
+        // m_swapping, then waits for m_cancelling to reach 0 before it
+        // touches m_connection (sequentially consistent, both sides).
+        // m_stopped: a cancel() came (for the lease's life: a lease that
+        // was stopped never has a BEGIN retried on another connection).
+        std::atomic<int> m_cancelling{0};
+        std::atomic<bool> m_swapping{false};
+        std::atomic<bool> m_stopped{false};
     };
 
     /// Creates a pool; opens min_idle connections (best effort: a server that
@@ -307,7 +321,8 @@ public:
     /// not answered by then. A BEGIN that fails because the connection broke
     /// (nothing of the caller's work has started) is tried once more on
     /// another connection, which `held` then holds, within the deadline and
-    /// connection_timeout.
+    /// connection_timeout; not after a stop (cancel() on this lease), which
+    /// may come from another thread meanwhile, even during the swap.
     /// \throws std::logic_error for an empty lease or one of another pool;
     ///         std::invalid_argument for a timeout out of range;
     ///         bulkhead::deadline_exceeded when the deadline left no whole
@@ -323,14 +338,32 @@ public:
             return begin_on(held, options);
         } catch (const pqxx::broken_connection&) {
             // Not when the deadline has passed (the watchdog may be why), nor
-            // when the watchdog cut the connection off for a stop.
+            // after a stop (cancel()): the caller asked for the work to end.
             if ((options.deadline != clock::time_point::max() && clock::now() >= options.deadline) ||
-                leased(held).cut_by_watchdog.load(std::memory_order_acquire)) {
+                leased(held).cut_by_watchdog.load(std::memory_order_acquire) || held.m_stopped.load()) {
                 throw;
             }
             const call_site site = leased(held).leased_by;  // the replacement is the same caller's
-            held.release();                                 // closed: begin_on marked it for discard
-            held = acquire(options.deadline, site);
+            // No cancel() may read the connection while it is swapped.
+            held.m_swapping.store(true);
+            while (held.m_cancelling.load() != 0) {
+                std::this_thread::yield();  // a cancel() takes microseconds
+            }
+            if (held.m_stopped.load()) {
+                held.m_swapping.store(false);
+                throw;
+            }
+            try {
+                held.release();  // closed: begin_on marked it for discard
+                held = acquire(options.deadline, site);
+            } catch (...) {
+                held.m_swapping.store(false);
+                throw;
+            }
+            held.m_swapping.store(false);
+            if (held.m_stopped.load()) {
+                cancel(held);  // a stop that came while the connection was swapped
+            }
             return begin_on(held, options);
         }
     }
@@ -369,19 +402,12 @@ public:
     /// cut lasts until the transaction ends, and without one until the lease
     /// is returned, so it hits a transaction begun on the lease meanwhile.
     void cancel(lease& held) noexcept {
-        if (!held.m_connection) {
-            return;
+        held.m_cancelling.fetch_add(1);
+        held.m_stopped.store(true);
+        if (!held.m_swapping.load() && held.m_connection) {
+            cancel_connection(*held.m_connection);
         }
-        detail::pooled_connection& connection = *held.m_connection;
-        (void)detail::cancel_request::send(connection.cancel);
-        // Before arm(): the lease's thread, seeing the cut, sees why.
-        connection.cut_for_stop.store(true, std::memory_order_release);
-        try {
-            (void)m_core->watchdog().arm(connection.watch_socket,
-                                         detail::saturating_add(clock::now(), m_core->options().deadline_slack),
-                                         connection.cut_by_watchdog);
-        } catch (...) {  // no watchdog thread could be started: the cancel alone stops the work
-        }
+        held.m_cancelling.fetch_sub(1);
     }
 
     /// True when a statement of the callback ended the transaction block
@@ -561,6 +587,19 @@ private:
         return detail::begin_steps(bounded);
     }
 
+    /// cancel()'s work on the leased connection.
+    void cancel_connection(detail::pooled_connection& connection) noexcept {
+        (void)detail::cancel_request::send(connection.cancel);
+        // Before arm(): the lease's thread, seeing the cut, sees why.
+        connection.cut_for_stop.store(true, std::memory_order_release);
+        try {
+            (void)m_core->watchdog().arm(connection.watch_socket,
+                                         detail::saturating_add(clock::now(), m_core->options().deadline_slack),
+                                         connection.cut_by_watchdog);
+        } catch (...) {  // no watchdog thread could be started: the cancel alone stops the work
+        }
+    }
+
     /// One attempt of begin() (with `begin_now` false: BEGIN deferred).
     transaction begin_on(lease& held, const transaction_options& options, bool begin_now = true) {
         detail::pooled_connection& connection = leased(held);
@@ -675,10 +714,8 @@ private:
         if (plan.application_prefix.empty()) {
             plan.application_prefix = options.application_name;
         }
-        return read_connection_budget(detail::make_connect_target(options.conninfo, options.application_name,
-                                                                  detail::session_attrs_of(options.conninfo))
-                                          .base,
-                                      options.max_size, plan, options.connection_timeout);
+        return read_connection_budget(detail::pool_core::make_target(options).base, options.max_size, plan,
+                                      options.connection_timeout);
     }
 
     /// Why `budget` does not fit, scrubbed: role and application names

@@ -872,21 +872,44 @@ TEST_CASE(
     CHECK(stats.opened == 1);
 }
 
+namespace {
+
+/// A gate of one permit over a pool of one through a proxy, its connection
+/// open; then the proxy holds cancel requests and every byte, so that a
+/// call's BEGIN is the first thing the silence holds.
+struct silent_begin {
+    silent_begin(const std::string& application_name, std::chrono::milliseconds slack)
+        : proxy(proxy_to_server()), pool(options(proxy, application_name, slack)), gate(pool, 1, 0) {
+        (void)backend_through(gate);
+        proxy.hold_cancels(true);
+        proxy.silence(true);  // the open session's bytes wait in the proxy
+    }
+
+    static bulkhead::pqxx_pool_options options(tcp_proxy& proxy, const std::string& application_name,
+                                               std::chrono::milliseconds slack) {
+        auto options = proxied_options(proxy, application_name);
+        options.deadline_slack = slack;
+        options.validate_after_idle = 1h;  // the borrow sends nothing
+        return options;
+    }
+
+    tcp_proxy proxy;
+    bulkhead::pqxx_pool pool;
+    gate_t gate;
+};
+
+}  // namespace
+
 TEST_CASE(
     "[E15] a stop during a BEGIN that goes unanswered, its cancel held too, ends the call with work_cancelled "
     "within deadline_slack, not retried on another connection",
     "[pg][E15]") {
     const bool with_deadline = GENERATE(false, true);
     constexpr auto slack = 250ms;
-    tcp_proxy proxy = proxy_to_server();
-    auto options = proxied_options(proxy, "bulkhead-e15-begin");
-    options.deadline_slack = slack;
-    options.validate_after_idle = 1h;  // the borrow sends nothing: BEGIN is the first thing the silence holds
-    bulkhead::pqxx_pool pool(options);
-    gate_t gate(pool, 1, 0);
-    (void)backend_through(gate);
-    proxy.hold_cancels(true);
-    proxy.silence(true);  // the open session's bytes wait in the proxy
+    silent_begin setup("bulkhead-e15-begin", slack);
+    tcp_proxy& proxy = setup.proxy;
+    bulkhead::pqxx_pool& pool = setup.pool;
+    gate_t& gate = setup.gate;
     std::stop_source stop;
     gate_t::options call{.stop = stop.get_token()};
     if (with_deadline) {
@@ -915,4 +938,36 @@ TEST_CASE(
     CHECK(gate.available() == 1);
     proxy.silence(false);
     CHECK(gate.transaction(1s, [](pqxx::dbtransaction& tx) { return value_of(tx, "SELECT 7"); }) == "7");
+}
+
+TEST_CASE("[E15] a stop during a BEGIN whose connection then breaks is not retried on another connection",
+          "[pg][E15]") {
+    // A failover: the stop's cancel is held, then the connection breaks
+    // before the cut at the stop plus the slack. BEGIN fails at once; the
+    // pool must not try it again on a new connection (nothing would cancel
+    // that one), and the call ends work_cancelled, well before the slack.
+    constexpr auto slack = 2s;
+    silent_begin setup("bulkhead-e15-broken-begin", slack);
+    tcp_proxy& proxy = setup.proxy;
+    bulkhead::pqxx_pool& pool = setup.pool;
+    gate_t& gate = setup.gate;
+    std::stop_source stop;
+    bool ran = false;
+    const int queries_before = proxy.queries();
+    auto running = std::async(std::launch::async, [&] {
+        gate.transaction({.stop = stop.get_token()}, [&](pqxx::dbtransaction&) { ran = true; });
+    });
+    await([&] { return proxy.queries() == queries_before + 1; });  // the BEGIN, held
+    const auto stopped_at = clock_type::now();
+    stop.request_stop();
+    await([&] { return proxy.held_cancels() == 1; });  // the cancel reached the proxy, and waits there
+    proxy.sever();                                     // the connection breaks; the proxy refuses new ones from now on
+    REQUIRE(running.wait_for(10s) == std::future_status::ready);
+    const auto took = clock_type::now() - stopped_at;
+    CHECK_THROWS_AS(running.get(), bulkhead::work_cancelled);
+    CHECK(took < slack);
+    CHECK_FALSE(ran);
+    CHECK(pool.stats().opened == 1);  // no retry on a new connection
+    CHECK(pool.stats().connect_failures == 0);
+    CHECK(gate.available() == 1);
 }

@@ -289,7 +289,8 @@ private:
         }
         if (core().deadline_unreachable(m_call, m_limit)) {
             // It would wait only to fail: refused now, no wait recorded.
-            refuse(core().refuse_unreachable_deadline(m_limit));
+            std::string cause = refusal_cause();
+            refuse(core().refuse_unreachable_deadline(m_limit), std::move(cause));
             post_completion();
             return;
         }
@@ -377,19 +378,28 @@ private:
         cancel_timer();
         m_times.permitted = Gate::clock::now();
         core().record_permit_wait(m_limit, m_times.permitted - m_times.admitted);
-        refuse(core().refuse_after_slot(why, m_limit));
+        std::string cause = why == wait_status::timed_out ? refusal_cause() : std::string();
+        refuse(core().refuse_after_slot(why, m_limit), std::move(cause));
         post_completion();
     }
 
     /// The call ends refused before its work started: the reason as the
     /// error code and, for a caller that asked for the exception, the
     /// rejection with its retry delay, as transaction() would throw it.
-    void refuse(reject_reason reason) noexcept {
+    void refuse(reject_reason reason, std::string cause) noexcept {
         m_code = make_error_code(reason);
         if (m_failure_out != nullptr) {
-            m_failure =
-                make_rejection(reason, core().retry_delay(m_limit.workload), async_access::outage_cause(m_gate, reason));
+            m_failure = make_rejection(reason, core().retry_delay(m_limit.workload), cause);
         }
+    }
+
+    /// For a caller that asked for the exception of a refusal after a wait
+    /// (a timeout, deadline_exceeded or admission_timeout): the pool's last
+    /// connection error, or empty. Read before the slot goes back, since
+    /// the gate and its pool may be gone after.
+    [[nodiscard]] std::string refusal_cause() noexcept {
+        return m_failure_out != nullptr ? async_access::outage_cause(m_gate, reject_reason::admission_timeout)
+                                        : std::string();
     }
 
     /// Posts the completion from whatever thread ended the call (a work

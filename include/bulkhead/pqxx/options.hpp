@@ -245,7 +245,8 @@ inline void check_conninfo_values(const PQconninfoOption* parsed) {
         throw std::invalid_argument("bulkhead::pqxx_pool: conninfo lists " + std::to_string(list_length(host)) +
                                     " hosts but " + std::to_string(list_length(hostaddr)) + " hostaddr values");
     }
-    if (const std::size_t ports = list_length(port); ports > 1 && ports != hosts) {
+    // Without hosts here they come from PGHOST or a service file.
+    if (const std::size_t ports = list_length(port); hosts > 0 && ports > 1 && ports != hosts) {
         throw std::invalid_argument("bulkhead::pqxx_pool: conninfo lists " + std::to_string(ports) + " ports for " +
                                     std::to_string(hosts) + " hosts (port takes one value, or one per host)");
     }
@@ -261,23 +262,39 @@ inline void check_conninfo_values(const PQconninfoOption* parsed) {
 }
 
 /// The target_session_attrs `conninfo` sets, else the environment's
-/// PGTARGETSESSIONATTRS, else empty. Uses libpq's PQconninfoParse.
-[[nodiscard]] inline std::string session_attrs_of(const std::string& conninfo) {
+/// PGTARGETSESSIONATTRS, else empty; nothing when the pool must leave it to
+/// libpq: a service is named (`service`, PGSERVICE: its file may set one)
+/// or libpq is older than 14 (no `primary`). Uses libpq's PQconninfoParse.
+[[nodiscard]] inline std::optional<std::string> session_attrs_of(const std::string& conninfo) {
+    if (PQlibVersion() < 140000) {
+        return std::nullopt;
+    }
     std::string attrs;
+    bool service = false;
     if (PQconninfoOption* parsed = PQconninfoParse(conninfo.c_str(), nullptr); parsed != nullptr) {
         const std::unique_ptr<PQconninfoOption, void (*)(PQconninfoOption*)> owned(parsed, PQconninfoFree);
         for (const PQconninfoOption* option = parsed; option->keyword != nullptr; ++option) {
-            if (std::string_view(option->keyword) == "target_session_attrs" && option->val != nullptr) {
-                attrs = option->val;
+            const std::string_view keyword = option->keyword;
+            if (option->val != nullptr && *option->val != '\0') {
+                if (keyword == "target_session_attrs") {
+                    attrs = option->val;
+                } else if (keyword == "service") {
+                    service = true;
+                }
             }
         }
     }
+    // concurrency-mt-unsafe: read once, when the pool is built, as libpq
+    // reads them on every connection attempt.
+    const auto environment = [](const char* name) -> std::string {
+        const char* value = std::getenv(name);  // NOLINT(concurrency-mt-unsafe)
+        return value != nullptr ? value : "";
+    };
     if (attrs.empty()) {
-        // concurrency-mt-unsafe: read once, when the pool is built, as libpq
-        // reads it on every connection attempt.
-        if (const char* from_environment = std::getenv("PGTARGETSESSIONATTRS")) {  // NOLINT(concurrency-mt-unsafe)
-            attrs = from_environment;
-        }
+        attrs = environment("PGTARGETSESSIONATTRS");
+    }
+    if (attrs.empty() && (service || !environment("PGSERVICE").empty())) {
+        return std::nullopt;
     }
     return attrs;
 }

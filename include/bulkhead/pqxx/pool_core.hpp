@@ -174,8 +174,7 @@ public:
 
     explicit pool_core(pqxx_pool_options options)
         : m_options(std::move(options)),
-          m_target(make_connect_target(m_options.conninfo, m_options.application_name,
-                                       session_attrs_of(m_options.conninfo))),
+          m_target(make_target(m_options)),
           m_secrets(collect_secrets(m_options.conninfo)),
           m_watchdog(m_options.max_size) {
         m_idle.reserve(m_options.max_size);
@@ -186,6 +185,14 @@ public:
     pool_core& operator=(const pool_core&) = delete;
 
     ~pool_core() = default;  // only idle connections can be left: closed with m_idle
+
+    /// How a pool with `options` connects (conninfo.hpp's connect_target,
+    /// with the pool's target_session_attrs).
+    [[nodiscard]] static connect_target make_target(const pqxx_pool_options& options) {
+        const std::optional<std::string> attrs = session_attrs_of(options.conninfo);
+        return make_connect_target(options.conninfo, options.application_name,
+                                   attrs ? std::optional<std::string_view>(*attrs) : std::nullopt);
+    }
 
     [[nodiscard]] const pqxx_pool_options& options() const noexcept { return m_options; }
     [[nodiscard]] const connect_target& target() const noexcept { return m_target; }
