@@ -474,7 +474,7 @@ TEST_CASE("[I3] a host list with the standby first: the pool connects to the pri
     CHECK(stats.connect_failures == 0);
 }
 
-TEST_CASE("[I3] a connection whose server turns read-only is closed on its return; the rejections say why",
+TEST_CASE("[I3] a connection whose server turns read-only is closed on its return, and the rejections say why",
           "[pg][I3][I4][direct]") {
     // target_session_attrs=read-write: the pool needs sessions whose
     // default_transaction_read_only is off. An operator turns it on (as a
